@@ -1,0 +1,213 @@
+"""Command line: `autotune probe`, `autotune models` (and the study commands as they land).
+
+A user's mistake ends with one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from autotune.errors import UserError
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but its usage errors are one line with exit code 2 like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, but got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, but got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, but got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, but got {text}")
+    return value
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default="tiny-llama",
+        help="registry name (see `autotune models`) or a local Hugging Face model directory",
+    )
+    parser.add_argument(
+        "--reward-model",
+        default="function",
+        help="registry name, local directory, or 'function' for a rule-based reward (default)",
+    )
+    parser.add_argument(
+        "--weights",
+        choices=("random", "pretrained"),
+        default="random",
+        help="random weights of the real architecture (default; nothing is downloaded), or a "
+        "local directory's own weights",
+    )
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow a local model directory's own Python code to run",
+    )
+
+
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--gpus",
+        type=_positive_int,
+        default=1,
+        help="ranks per probe: GPUs on CUDA, gloo processes on CPU (default 1)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto: cuda when a GPU is visible, else cpu",
+    )
+    parser.add_argument(
+        "--memory-budget",
+        type=_positive_float,
+        metavar="GIB",
+        help="per-rank memory budget in GiB: on CUDA a per-process memory fraction emulates a "
+        "smaller card (a real OOM); on CPU the peak RSS is compared (an emulated OOM)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="autotune", description="Find fast, memory-safe batch settings for verl PPO/GRPO.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    probe = sub.add_parser(
+        "probe",
+        help="measure one batch configuration with a short PPO/GRPO run",
+        description="Run one probe: warm-up, then K measured PPO iterations, in child "
+        "processes. Exit 0 when the probe measured ok, 1 for oom/timeout/"
+        "crashed, 2 for bad input.",
+    )
+    add_model_arguments(probe)
+    add_device_arguments(probe)
+    probe.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="set a knob, e.g. --set micro_batch_size=4 (repeatable); see DESIGN §3",
+    )
+    probe.add_argument("--iterations", type=_positive_int, default=2, help="measured iterations (default 2)")
+    probe.add_argument("--warmup", type=int, default=1, help="warm-up iterations, not measured (default 1)")
+    probe.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=600.0,
+        metavar="S",
+        help="wall-clock limit in seconds; the whole process group is killed after it",
+    )
+    probe.add_argument("--seed", type=int, default=0)
+    probe.add_argument("--json", action="store_true", help="print the result as JSON")
+    probe.set_defaults(handler=_cmd_probe)
+
+    models = sub.add_parser("models", help="list the registry's model names with parameter counts")
+    models.add_argument("--json", action="store_true")
+    models.set_defaults(handler=_cmd_models)
+    return parser
+
+
+def resolve_device(requested: str, gpus: int) -> str:
+    import torch
+
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device = ("cuda" if available else "cpu") if requested == "auto" else requested
+    if device == "cuda" and gpus > available:
+        raise UserError(
+            f"--gpus {gpus}: only {available} CUDA GPU(s) are visible here; use --gpus {max(available, 1)}"
+            f"{' or --device cpu' if not available else ''}"
+        )
+    return device
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from autotune.knobs import make_config, parse_sets
+    from autotune.launcher import ProbeSettings, run_probe
+    from autotune.registry import resolve_model, resolve_reward_model
+    from autotune.report_console import print_probe_result
+
+    config = make_config(parse_sets(args.sets), args.gpus)
+    spec = resolve_model(args.model, args.weights, args.trust_remote_code)
+    resolve_reward_model(args.reward_model)
+    check_lengths(config, spec)
+    if args.warmup < 0:
+        raise UserError(f"--warmup {args.warmup}: must be >= 0")
+    settings = ProbeSettings(
+        model=args.model,
+        reward_model=args.reward_model,
+        weights=args.weights,
+        device=resolve_device(args.device, args.gpus),
+        world_size=args.gpus,
+        warmup_iterations=args.warmup,
+        iterations=args.iterations,
+        timeout_seconds=args.timeout,
+        memory_budget_gib=args.memory_budget,
+        seed=args.seed,
+        trust_remote_code=args.trust_remote_code,
+    )
+    result = run_probe(config, settings)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print_probe_result(result)
+    return EXIT_OK if result.status == "ok" else EXIT_PROBLEM
+
+
+def check_lengths(config, spec) -> None:
+    limit = getattr(spec.config, "max_position_embeddings", None)
+    if limit and config.sequence_length > limit:
+        raise UserError(
+            f"max_prompt_length+max_response_length={config.sequence_length} exceeds {spec.name}'s "
+            f"max_position_embeddings={limit}: shorten the lengths"
+        )
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from autotune.registry import list_models
+    from autotune.report_console import print_models
+
+    rows = list_models()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print_models(rows)
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        handler: Callable[[argparse.Namespace], int] = args.handler
+        return handler(args)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

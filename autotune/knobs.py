@@ -1,0 +1,195 @@
+"""The seed's batch knobs, their invariants, and `--set KEY=VALUE` parsing.
+
+Global sizes count *samples* (responses) across all ranks, as the seed article does; micro sizes are per
+rank. With `rollout_n` > 1 each prompt is answered `rollout_n` times, so a rollout of R samples holds
+R / rollout_n prompts (verl's `data.train_batch_size` counts prompts: the verl export divides by n).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+from autotune.errors import UserError
+
+ALGORITHMS = ("ppo", "grpo")
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """One batch configuration: what a probe measures and what the report hands to a training job."""
+
+    rollout_batch_size: int = 8
+    train_batch_size: int = 16
+    micro_batch_size: int = 4
+    gradient_accumulation_steps: int = 2
+    num_rollout_workers: int = 1
+    max_prompt_length: int = 32
+    max_response_length: int = 16
+    # Forward-only passes (old/ref log-probs, values) carry no activations for backward: verl's guide says
+    # about twice the training micro batch fits. None means "same as micro_batch_size".
+    log_prob_micro_batch_size: int | None = None
+    gradient_checkpointing: bool = False
+    algorithm: str = "ppo"
+    rollout_n: int = 1
+    use_lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    kl_coef: float = 0.05
+
+    @property
+    def forward_micro_batch_size(self) -> int:
+        return self.log_prob_micro_batch_size or self.micro_batch_size
+
+    @property
+    def sequence_length(self) -> int:
+        return self.max_prompt_length + self.max_response_length
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+KNOB_NAMES = tuple(f.name for f in fields(ProbeConfig))
+_BOOL_WORDS = {
+    "true": True,
+    "1": True,
+    "yes": True,
+    "on": True,
+    "false": False,
+    "0": False,
+    "no": False,
+    "off": False,
+}
+
+
+def physical_cores() -> int:
+    """Cores this process may use, counting physical cores only (the seed: never more workers than that)."""
+    import psutil
+
+    physical = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    return max(1, min(physical, len(os.sched_getaffinity(0))))
+
+
+def _field_types() -> dict[str, str]:
+    return {f.name: str(f.type) for f in fields(ProbeConfig)}
+
+
+def _convert(key: str, raw: str, type_name: str) -> Any:
+    text = raw.strip()
+    if "bool" in type_name:
+        if text.lower() not in _BOOL_WORDS:
+            raise UserError(f"--set {key}={raw}: expected true or false")
+        return _BOOL_WORDS[text.lower()]
+    if "None" in type_name and text.lower() in ("none", "null", ""):
+        return None
+    if "int" in type_name:
+        try:
+            return int(text)
+        except ValueError:
+            raise UserError(f"--set {key}={raw}: expected a whole number, e.g. {key}=8") from None
+    if "float" in type_name:
+        try:
+            return float(text)
+        except ValueError:
+            raise UserError(f"--set {key}={raw}: expected a number, e.g. {key}=0.05") from None
+    return text
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """Turn `["train_batch_size=16", ...]` into typed values; unknown knobs and bad syntax are UserErrors."""
+    types = _field_types()
+    values: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UserError(f"--set {item!r}: expected KNOB=VALUE, e.g. --set micro_batch_size=4")
+        if key not in types:
+            raise UserError(f"--set {key}: unknown knob; known knobs are {', '.join(KNOB_NAMES)}")
+        values[key] = _convert(key, raw, types[key])
+    return values
+
+
+def violations(config: ProbeConfig, world_size: int, cores: int | None = None) -> list[str]:
+    """Every invariant the config breaks (DESIGN §3), each naming the key, the value, the rule and a fix."""
+    c, w = config, world_size
+    errors: list[str] = []
+    positive = (
+        "rollout_batch_size",
+        "train_batch_size",
+        "micro_batch_size",
+        "gradient_accumulation_steps",
+        "num_rollout_workers",
+        "max_prompt_length",
+        "max_response_length",
+        "rollout_n",
+        "lora_r",
+    )
+    for key in positive:
+        if getattr(c, key) < 1:
+            errors.append(f"{key}={getattr(c, key)}: must be at least 1")
+    if c.log_prob_micro_batch_size is not None and c.log_prob_micro_batch_size < 1:
+        errors.append(
+            f"log_prob_micro_batch_size={c.log_prob_micro_batch_size}: must be at least 1 (or none)"
+        )
+    if c.algorithm not in ALGORITHMS:
+        errors.append(f"algorithm={c.algorithm}: must be one of {', '.join(ALGORITHMS)}")
+    if c.kl_coef < 0:
+        errors.append(f"kl_coef={c.kl_coef}: must be >= 0")
+    if errors:  # the divisibility rules below need positive sizes
+        return errors
+
+    if c.algorithm == "grpo" and c.rollout_n < 2:
+        errors.append(
+            f"rollout_n={c.rollout_n}: GRPO normalises rewards within a group, so rollout_n must be >= 2"
+        )
+    if c.train_batch_size % c.rollout_batch_size:
+        errors.append(
+            f"train_batch_size={c.train_batch_size} is not a multiple of rollout_batch_size="
+            f"{c.rollout_batch_size}: rollout samples would be dropped (the seed's KL pitfall); "
+            f"use train_batch_size={_round_up(c.train_batch_size, c.rollout_batch_size)}"
+        )
+    group = w * c.rollout_n
+    if c.rollout_batch_size % group:
+        errors.append(
+            f"rollout_batch_size={c.rollout_batch_size} is not a multiple of "
+            f"gpus×rollout_n={w}×{c.rollout_n}: "
+            f"each rank must generate whole prompt groups; use {_round_up(c.rollout_batch_size, group)}"
+        )
+    mini = c.micro_batch_size * c.gradient_accumulation_steps * w
+    if c.train_batch_size % mini:
+        errors.append(
+            f"train_batch_size={c.train_batch_size} is not a multiple of micro_batch_size×"
+            f"gradient_accumulation_steps×gpus="
+            f"{c.micro_batch_size}×{c.gradient_accumulation_steps}×{w}={mini}: "
+            f"every optimizer step needs exactly {c.gradient_accumulation_steps} full micro-batches; "
+            f"use train_batch_size={_round_up(c.train_batch_size, mini)} or a smaller micro batch"
+        )
+    per_rank = c.train_batch_size // w if c.train_batch_size % w == 0 else None
+    if per_rank is not None and per_rank % c.forward_micro_batch_size:
+        errors.append(
+            f"log_prob_micro_batch_size={c.forward_micro_batch_size} does not divide the per-rank share "
+            f"train_batch_size/gpus={per_rank}: forward-only micro-batches must split it evenly (verl's rule)"
+        )
+    limit = cores if cores is not None else physical_cores()
+    if c.num_rollout_workers > limit:
+        errors.append(
+            f"num_rollout_workers={c.num_rollout_workers} exceeds the {limit} physical cores here: "
+            f"rollout stalls (the seed's pitfall 6.2); use at most {limit}"
+        )
+    return errors
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def make_config(overrides: dict[str, Any], world_size: int, base: ProbeConfig | None = None) -> ProbeConfig:
+    """Apply overrides to a base config and check every invariant; all violations are reported at once."""
+    config = dataclasses.replace(base or ProbeConfig(), **overrides)
+    problems = violations(config, world_size)
+    if problems:
+        raise UserError("; ".join(problems))
+    return config

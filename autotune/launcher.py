@@ -1,0 +1,223 @@
+"""Start a probe in its own process group (W ranks), enforce a wall-clock timeout, and always return a result.
+
+The tuner and the probe talk through files: a job JSON in, one result JSON per rank out. Ranks are started
+directly (not through torchrun) so that they all share one process group that we own: a timeout or a
+failure kills the whole group — ranks and their DataLoader workers — with one `killpg`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Protocol
+
+from autotune.knobs import ProbeConfig
+from autotune.result import GIB, ProbeResult, classify
+
+# After one rank fails, the others usually hang in a collective: give them this long to exit on their own.
+FAILURE_GRACE_SECONDS = 5.0
+POLL_SECONDS = 0.05
+STDERR_TAIL_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """Everything about a probe that is not a batch knob."""
+
+    model: str = "tiny-llama"
+    reward_model: str = "function"
+    weights: str = "random"
+    device: str = "cpu"
+    world_size: int = 1
+    warmup_iterations: int = 1
+    iterations: int = 2
+    timeout_seconds: float = 600.0
+    memory_budget_gib: float | None = None
+    seed: int = 0
+    trust_remote_code: bool = False
+
+
+class Runner(Protocol):
+    """A probe backend: takes a configuration, returns a measured result. The PPO probe is the first."""
+
+    def run(self, config: ProbeConfig, settings: ProbeSettings) -> ProbeResult: ...
+
+
+def runner_path(name: str = "ppo_probe.py") -> Path:
+    """The runner program, from the checkout's `runners/` or the installed `autotune.runners` package."""
+    return Path(str(resources.files("autotune.runners").joinpath(name)))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_env(rank: int, world_size: int, port: int, device: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+    )
+    if device == "cpu":
+        # Split the cores between ranks so that W ranks on a small machine don't oversubscribe it.
+        threads = max(1, (os.cpu_count() or 1) // world_size)
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
+
+
+def _spawn_ranks(
+    job_path: Path, out_dir: Path, settings: ProbeSettings, program: Path
+) -> list[subprocess.Popen]:
+    port = free_port()
+    procs: list[subprocess.Popen] = []
+    for rank in range(settings.world_size):
+        stderr = open(out_dir / f"stderr.rank{rank}.txt", "wb")  # noqa: SIM115 - closed by the child's exit
+        # Own process group, not the terminal's: Ctrl-C reaches the tuner, not the probe; killpg reaches all.
+        group = {"process_group": 0 if rank == 0 else procs[0].pid}
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(program), "--job", str(job_path), "--out", str(out_dir)],
+                env=_rank_env(rank, settings.world_size, port, settings.device),
+                stdin=subprocess.DEVNULL,
+                stdout=stderr,
+                stderr=stderr,
+                **group,
+            )
+        )
+        stderr.close()
+    return procs
+
+
+def kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _wait(procs: list[subprocess.Popen], timeout: float) -> bool:
+    """Wait for every rank; returns True when the deadline passed. One failed rank starts a short grace."""
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(code is not None for code in codes):
+            return False
+        if any(code not in (None, 0) for code in codes):
+            deadline = min(deadline, time.monotonic() + FAILURE_GRACE_SECONDS)
+            if time.monotonic() >= deadline:
+                return False
+        elif time.monotonic() >= deadline:
+            return True
+        time.sleep(POLL_SECONDS)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _stderr_tail(out_dir: Path, world_size: int) -> str:
+    parts = []
+    for rank in range(world_size):
+        path = out_dir / f"stderr.rank{rank}.txt"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        if text.strip():
+            parts.append(f"[rank {rank}] {text[-STDERR_TAIL_CHARS:]}")
+    return "\n".join(parts)[-STDERR_TAIL_CHARS:]
+
+
+def run_probe(config: ProbeConfig, settings: ProbeSettings, program: Path | None = None) -> ProbeResult:
+    """Run one probe to completion, timeout or failure, and return its classified result."""
+    program = program or runner_path()
+    with tempfile.TemporaryDirectory(prefix="autotune-probe-") as tmp:
+        out_dir = Path(tmp)
+        job_path = out_dir / "job.json"
+        job_path.write_text(json.dumps({"config": config.to_dict(), "settings": asdict(settings)}))
+        started = time.monotonic()
+        procs = _spawn_ranks(job_path, out_dir, settings, program)
+        try:
+            timed_out = _wait(procs, settings.timeout_seconds)
+        finally:
+            kill_group(procs[0].pid)  # also reaps DataLoader workers and anything a rank left behind
+            for proc in procs:
+                proc.wait()
+        wall = time.monotonic() - started
+        rank_results = [_read_json(out_dir / f"result.rank{r}.json") for r in range(settings.world_size)]
+        # A rank we killed after the deadline has a meaningless exit code: only the timeout counts then.
+        codes = [p.returncode for p in procs]
+        return summarize(
+            config, settings, rank_results, codes, timed_out, wall, _stderr_tail(out_dir, len(procs))
+        )
+
+
+def summarize(
+    config: ProbeConfig,
+    settings: ProbeSettings,
+    rank_results: list[dict[str, Any] | None],
+    exit_codes: list[int | None],
+    timed_out: bool,
+    wall_seconds: float,
+    stderr_tail: str,
+) -> ProbeResult:
+    budget = int(settings.memory_budget_gib * GIB) if settings.memory_budget_gib else None
+    peaks = [r["peak"] for r in rank_results if r and r.get("peak")]
+    peak_bytes = max((p["bytes"] for p in peaks), default=0)
+    status, oom_kind, message = classify(
+        exit_codes, rank_results, timed_out, peak_bytes, budget, settings.device
+    )
+    result = ProbeResult(
+        status=status,
+        oom_kind=oom_kind,
+        message=message,
+        memory_budget_bytes=budget,
+        wall_seconds=wall_seconds,
+        world_size=settings.world_size,
+        device=settings.device,
+        config=config.to_dict(),
+        rank_peaks=peaks,
+        peak_memory_bytes=peak_bytes,
+        peak_memory_source=peaks[0]["source"] if peaks else "",
+    )
+    if status != "ok":
+        result.stderr_tail = stderr_tail
+    lead = rank_results[0] if rank_results and rank_results[0] else None
+    if lead and lead.get("timing"):
+        _fill_timing(result, lead, config, rank_results)
+    return result
+
+
+def _fill_timing(result: ProbeResult, lead: dict[str, Any], config: ProbeConfig, ranks: list) -> None:
+    """Throughput from rank 0's wall times: every iteration ends on a barrier, so all ranks agree."""
+    timing = lead["timing"]
+    iterations = timing["iterations"]
+    mean_seconds = sum(iterations) / len(iterations)
+    result.iteration_seconds = mean_seconds
+    # train_batch_size samples of (prompt + response) tokens per iteration, counted over all ranks.
+    result.samples_per_sec = config.train_batch_size / mean_seconds
+    result.tokens_per_sec = config.train_batch_size * config.sequence_length / mean_seconds
+    result.phase_seconds = {k: sum(v) / len(v) for k, v in timing["phases"].items()}
+    result.measured_seconds = sum(iterations)
+    result.warmup_seconds = sum(timing.get("warmup", []))
+    # Start-up: interpreter, imports, process group, model build — everything but the iterations.
+    result.startup_seconds = max(0.0, result.wall_seconds - result.measured_seconds - result.warmup_seconds)
+    result.environment = lead.get("environment", {})
+    utils = [r["gpu_utilization"] for r in ranks if r and r.get("gpu_utilization") is not None]
+    result.gpu_utilization = sum(utils) / len(utils) if utils else None

@@ -1,0 +1,90 @@
+"""Measurements a probe rank takes of itself: peak memory (CUDA allocator, NVML, or RSS) and GPU utilisation.
+
+Imported by the probe program (in the child), never needed by the tuner itself.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import threading
+from contextlib import suppress
+from typing import Any
+
+
+def peak_rss_bytes() -> int:
+    """High-water mark of this process's resident set (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+class NvmlSampler:
+    """Samples one GPU's utilisation and device-level memory in a background thread.
+
+    NVML sees the whole device (CUDA context, other processes, fragmentation), which the torch allocator
+    does not; sampling may miss a short spike, so the caller reports the larger of the two peaks.
+    """
+
+    def __init__(self, device_index: int, interval: float = 0.05) -> None:
+        self.interval = interval
+        self.peak_used = 0
+        self._utilization: list[int] = []
+        self._active = False
+        self._stop = threading.Event()
+        self._handle = None
+        with suppress(Exception):  # no NVML (no driver, or a CPU box): utilisation stays unknown
+            import pynvml
+            import torch
+
+            pynvml.nvmlInit()
+            uuid = str(torch.cuda.get_device_properties(device_index).uuid)
+            self._handle = pynvml.nvmlDeviceGetHandleByUUID(
+                uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+            )
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        if self._handle is not None:
+            self._thread.start()
+
+    @property
+    def available(self) -> bool:
+        return self._handle is not None
+
+    def measuring(self, active: bool) -> None:
+        """Utilisation counts only while an iteration runs (not during model build or between phases)."""
+        self._active = active
+
+    def _loop(self) -> None:
+        import pynvml
+
+        while not self._stop.wait(self.interval):
+            with suppress(Exception):
+                used = pynvml.nvmlDeviceGetMemoryInfo(self._handle).used
+                self.peak_used = max(self.peak_used, int(used))
+                if self._active:
+                    self._utilization.append(pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+
+    def stop(self) -> float | None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=1.0)
+        return sum(self._utilization) / len(self._utilization) if self._utilization else None
+
+
+def peak_memory(device: str, sampler: NvmlSampler | None) -> dict[str, Any]:
+    """This rank's peak: CUDA allocator peaks plus NVML's device figure, or the peak RSS on CPU."""
+    if device != "cuda":
+        peak = peak_rss_bytes()
+        return {"bytes": peak, "source": "rss", "rss_bytes": peak}
+    import torch
+
+    reserved = int(torch.cuda.max_memory_reserved())
+    allocated = int(torch.cuda.max_memory_allocated())
+    nvml = sampler.peak_used if sampler and sampler.available else 0
+    return {
+        "bytes": max(reserved, nvml),
+        "source": "nvml" if nvml > reserved else "torch_reserved",
+        "torch_reserved_bytes": reserved,
+        "torch_allocated_bytes": allocated,
+        "nvml_used_bytes": nvml or None,
+        "rss_bytes": peak_rss_bytes(),
+    }

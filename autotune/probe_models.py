@@ -1,0 +1,115 @@
+"""Build the probe's models the way a verl PPO job holds them: actor, reference, critic, reward.
+
+Precision on GPU: trainable full models keep fp32 weights (mixed-precision Adam: ~16 B per trainable
+parameter, DESIGN §9) and compute under bf16 autocast; frozen models (reference, reward, a LoRA base) are
+bf16. On CPU everything is fp32 (CPU bf16 kernels are slow and not what a GPU run does).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from autotune.knobs import ProbeConfig
+from autotune.ppo import Models
+from autotune.registry import (
+    ModelSpec,
+    build_causal_lm,
+    build_critic,
+    build_reward_model,
+)
+
+# Projections LoRA adapts in llama/qwen-style blocks; other architectures fall back to every linear layer.
+_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LEARNING_RATE = 1e-6
+
+
+def dtypes(device: torch.device) -> tuple[torch.dtype, torch.dtype]:
+    """(trainable weights, frozen weights)."""
+    return (torch.float32, torch.bfloat16) if device.type == "cuda" else (torch.float32, torch.float32)
+
+
+def _lora_targets(model: torch.nn.Module) -> list[str] | str:
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    targets = [t for t in _LORA_TARGETS if t in names]
+    return targets or "all-linear"
+
+
+def _with_lora(model: torch.nn.Module, config: ProbeConfig, task_type: str) -> torch.nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=0.0,
+        target_modules=_lora_targets(model),
+        task_type=task_type,
+    )
+    return get_peft_model(model, lora)  # adapters are kept in fp32 by peft (autocast_adapter_dtype)
+
+
+def _prepare_trainable(model: torch.nn.Module, config: ProbeConfig) -> torch.nn.Module:
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if config.use_lora:
+            model.enable_input_require_grads()
+    return model
+
+
+def _wrap_ddp(model: torch.nn.Module, device: torch.device, world_size: int) -> torch.nn.Module:
+    if world_size == 1:
+        return model
+    device_ids = [device.index] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+
+def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=LEARNING_RATE)
+
+
+def build_actor_and_ref(spec: ModelSpec, config: ProbeConfig, device: torch.device):
+    trainable, frozen = dtypes(device)
+    if config.use_lora:
+        base = _prepare_trainable(build_causal_lm(spec, dtype=frozen, device=device), config)
+        for param in base.parameters():
+            param.requires_grad_(False)
+        return _with_lora(base, config, "CAUSAL_LM"), None
+    actor = _prepare_trainable(build_causal_lm(spec, dtype=trainable, device=device), config)
+    ref = build_causal_lm(spec, dtype=frozen, device=device).eval().requires_grad_(False)
+    return actor, ref
+
+
+def build_value_model(spec: ModelSpec, config: ProbeConfig, device: torch.device) -> torch.nn.Module:
+    trainable, frozen = dtypes(device)
+    if not config.use_lora:
+        return _prepare_trainable(build_critic(spec, dtype=trainable, device=device), config)
+    critic = _prepare_trainable(build_critic(spec, dtype=frozen, device=device), config)
+    critic.requires_grad_(False)
+    # The value head stays fully trainable (peft's modules_to_save), the body gets adapters.
+    return _with_lora(critic, config, "TOKEN_CLS")
+
+
+def build_models(
+    actor_spec: ModelSpec,
+    reward_spec: ModelSpec | None,
+    config: ProbeConfig,
+    device: torch.device,
+    world_size: int,
+) -> Models:
+    actor, ref = build_actor_and_ref(actor_spec, config, device)
+    critic = build_value_model(actor_spec, config, device) if config.algorithm == "ppo" else None
+    _, frozen = dtypes(device)
+    reward = None
+    if reward_spec is not None:
+        reward = build_reward_model(reward_spec, dtype=frozen, device=device).eval().requires_grad_(False)
+    actor = _wrap_ddp(actor.train(), device, world_size)
+    critic = _wrap_ddp(critic.train(), device, world_size) if critic is not None else None
+    return Models(
+        actor=actor,
+        ref=ref,
+        critic=critic,
+        reward=reward,
+        actor_optimizer=_optimizer(actor),
+        critic_optimizer=_optimizer(critic) if critic is not None else None,
+        reward_vocab=reward_spec.config.vocab_size if reward_spec is not None else 0,
+    )

@@ -1,0 +1,78 @@
+"""Human-readable tables on the terminal (rich)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from autotune.result import GIB, ProbeResult
+
+
+def _gib(value: int | None) -> str:
+    return f"{value / GIB:.3f} GiB" if value else "-"
+
+
+def print_probe_result(result: ProbeResult, console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title=f"probe: {result.status}", show_header=False)
+    table.add_column("figure", style="bold")
+    table.add_column("value")
+    status = result.status + (f" ({result.oom_kind})" if result.oom_kind else "")
+    table.add_row("status", status)
+    if result.message:
+        table.add_row("message", result.message)
+    table.add_row(
+        "device",
+        f"{result.device} × {result.world_size}"
+        + (f" ({result.environment.get('gpu')})" if result.environment.get("gpu") else ""),
+    )
+    if result.samples_per_sec:
+        table.add_row("samples/sec", f"{result.samples_per_sec:.3f}")
+        table.add_row("tokens/sec", f"{result.tokens_per_sec:.1f}")
+        table.add_row("iteration", f"{result.iteration_seconds:.3f} s (mean of measured)")
+        for phase, seconds in result.phase_seconds.items():
+            table.add_row(f"  {phase}", f"{seconds:.3f} s")
+    table.add_row(
+        "peak memory (max over ranks)", f"{_gib(result.peak_memory_bytes)} [{result.peak_memory_source}]"
+    )
+    for rank, peak in enumerate(result.rank_peaks):
+        table.add_row(f"  rank {rank}", _gib(peak.get("bytes")))
+    if result.memory_budget_bytes:
+        table.add_row(
+            "memory budget",
+            _gib(result.memory_budget_bytes)
+            + (" (emulated: peak RSS compared)" if result.device == "cpu" else " (memory fraction)"),
+        )
+    if result.gpu_utilization is not None:
+        table.add_row("GPU utilisation", f"{result.gpu_utilization:.0f}%")
+    table.add_row("wall time", f"{result.wall_seconds:.1f} s (start-up {result.startup_seconds:.1f} s)")
+    console.print(table)
+    if result.stderr_tail:
+        console.print("[bold]stderr (tail):[/bold]")
+        console.print(result.stderr_tail, markup=False, highlight=False)
+
+
+def print_models(rows: list[dict[str, Any]], console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(
+        title="models (architectures shipped with autotune; random weights unless a local directory)"
+    )
+    for column in ("name", "role", "architecture", "parameters", "layers", "hidden", "vocab"):
+        table.add_column(
+            column, justify="right" if column in ("parameters", "layers", "hidden", "vocab") else "left"
+        )
+    for row in rows:
+        params = row["parameters"]
+        shown = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
+        table.add_row(
+            row["name"],
+            row["role"],
+            row["architecture"],
+            shown,
+            str(row["layers"]),
+            str(row["hidden"]),
+            str(row["vocab"]),
+        )
+    console.print(table)

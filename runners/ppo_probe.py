@@ -1,0 +1,179 @@
+"""Probe program: one rank of a short PPO/GRPO run that measures one batch configuration.
+
+Launched by path by `autotune.launcher` (never imported by the tuner), once per rank, with RANK/WORLD_SIZE/
+MASTER_ADDR/MASTER_PORT in the environment. Reads `--job JOB.json` ({"config", "settings"}), writes
+`--out DIR/result.rank<R>.json`. Exit codes: 0 measured, 3 out of memory (result written), other: crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--job", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    return parser.parse_args()
+
+
+def write_result(out_dir: Path, rank: int, result: dict[str, Any]) -> None:
+    """Atomic write, so the parent never reads half a result."""
+    path = out_dir / f"result.rank{rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, path)
+
+
+def environment(device) -> dict[str, Any]:
+    import peft
+    import torch
+    import transformers
+
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "gpu": None,
+    }
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+        env["gpu_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
+    return env
+
+
+def setup_device(settings: dict[str, Any], rank: int, world_size: int):
+    import torch
+    import torch.distributed as dist
+
+    if settings["device"] == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(device)
+        budget = settings.get("memory_budget_gib")
+        if budget:
+            # Emulate a smaller card: the caching allocator raises a real OOM beyond this fraction.
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, budget * 1024**3 / total), device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if world_size > 1:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend, rank=rank, world_size=world_size, device_id=device if device.type == "cuda" else None
+        )
+    return device
+
+
+def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    import torch
+
+    from autotune.knobs import ProbeConfig
+    from autotune.measure import NvmlSampler, peak_memory
+    from autotune.ppo import StepContext, iteration
+    from autotune.probe_models import build_models
+    from autotune.prompts import prompt_batches
+    from autotune.registry import resolve_model, resolve_reward_model
+    from autotune.tokenizer import load_tokenizer
+
+    config = ProbeConfig(**job["config"])
+    settings = job["settings"]
+    device = setup_device(settings, rank, world_size)
+    torch.manual_seed(settings["seed"] + rank)
+    actor_spec = resolve_model(settings["model"], settings["weights"], settings["trust_remote_code"])
+    reward_spec = resolve_reward_model(settings["reward_model"])
+    tokenizer = load_tokenizer(actor_spec)
+    # Start the DataLoader workers before the models exist, so the forked workers stay small.
+    prompts_per_call = config.rollout_batch_size // (world_size * config.rollout_n)
+    batches = prompt_batches(
+        tokenizer,
+        prompts_per_call,
+        config.max_prompt_length,
+        config.num_rollout_workers,
+        rank,
+        settings["seed"],
+    )
+    models = build_models(actor_spec, reward_spec, config, device, world_size)
+    sampler = NvmlSampler(device.index or 0) if device.type == "cuda" else None
+    ctx = StepContext(
+        config=config,
+        device=device,
+        world_size=world_size,
+        pad_token_id=tokenizer.pad_token_id,
+        compute_dtype=torch.bfloat16 if device.type == "cuda" else None,
+    )
+    generator = torch.Generator().manual_seed(settings["seed"])
+
+    warmup = [
+        iteration(models, ctx, batches, generator)["seconds"] for _ in range(settings["warmup_iterations"])
+    ]
+    if sampler:
+        sampler.measuring(True)
+    measured = [iteration(models, ctx, batches, generator) for _ in range(settings["iterations"])]
+    utilization = sampler.stop() if sampler else None
+    if world_size > 1:
+        torch.distributed.destroy_process_group()
+    return {
+        "status": "ok",
+        "timing": {
+            "warmup": warmup,
+            "iterations": [m["seconds"] for m in measured],
+            "phases": {phase: [m["phases"].get(phase, 0.0) for m in measured] for phase in ctx.phases},
+        },
+        "peak": peak_memory(device.type, sampler),
+        "gpu_utilization": utilization,
+        "environment": environment(device),
+    }
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """By exception type, never by message: torch's allocator OOM or the host's MemoryError."""
+    import torch
+
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError))
+
+
+def main() -> int:
+    args = parse_args()
+    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    started = time.time()
+    job = json.loads(args.job.read_text())
+    try:
+        result = measure(job, rank, world_size)
+    except BaseException as exc:
+        if not is_out_of_memory(exc):
+            raise
+        from autotune.measure import peak_memory
+
+        kind = "cuda" if job["settings"]["device"] == "cuda" else "host"
+        write_result(
+            args.out,
+            rank,
+            {
+                "status": "oom",
+                "oom_kind": kind,
+                "message": f"{type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else 'out of memory'}",
+                "peak": peak_memory(job["settings"]["device"], None),
+            },
+        )
+        print(f"rank {rank}: out of memory: {exc}", file=sys.stderr)
+        return 3
+    result["rank_seconds"] = time.time() - started
+    write_result(args.out, rank, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

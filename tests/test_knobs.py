@@ -1,0 +1,111 @@
+import pytest
+
+from autotune.errors import UserError
+from autotune.knobs import ProbeConfig, make_config, parse_sets, violations
+
+
+def test_parse_sets_types_values():
+    values = parse_sets(
+        ["train_batch_size=32", "use_lora=true", "kl_coef=0.1", "log_prob_micro_batch_size=none"]
+    )
+    assert values == {
+        "train_batch_size": 32,
+        "use_lora": True,
+        "kl_coef": 0.1,
+        "log_prob_micro_batch_size": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("item", "fragment"),
+    [
+        ("batch=4", "unknown knob"),
+        ("micro_batch_size", "expected KNOB=VALUE"),
+        ("micro_batch_size=four", "expected a whole number"),
+        ("use_lora=maybe", "expected true or false"),
+    ],
+)
+def test_parse_sets_rejects_bad_input(item, fragment):
+    with pytest.raises(UserError, match=fragment):
+        parse_sets([item])
+
+
+def test_issue_example_is_valid_on_one_and_two_ranks():
+    sets = {
+        "train_batch_size": 16,
+        "rollout_batch_size": 8,
+        "micro_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+    }
+    for world in (1, 2):
+        assert violations(ProbeConfig(**sets), world, cores=2) == []
+
+
+def test_seed_kl_pitfall_train_300_rollout_128():
+    problems = violations(
+        ProbeConfig(
+            train_batch_size=300, rollout_batch_size=128, micro_batch_size=4, gradient_accumulation_steps=1
+        ),
+        1,
+        cores=8,
+    )
+    assert any(
+        "not a multiple of rollout_batch_size=128" in p and "use train_batch_size=384" in p for p in problems
+    )
+
+
+def test_mini_batch_must_divide_train_batch():
+    # 4 micro × 2 accumulation × 2 GPUs = 16 does not divide 24
+    problems = violations(
+        ProbeConfig(
+            train_batch_size=24, rollout_batch_size=8, micro_batch_size=4, gradient_accumulation_steps=2
+        ),
+        2,
+        cores=2,
+    )
+    assert len(problems) == 1 and "=16" in problems[0] and "use train_batch_size=32" in problems[0]
+
+
+def test_rollout_must_split_into_whole_groups_per_rank():
+    problems = violations(
+        ProbeConfig(
+            rollout_batch_size=6,
+            train_batch_size=12,
+            micro_batch_size=1,
+            gradient_accumulation_steps=1,
+            algorithm="grpo",
+            rollout_n=4,
+        ),
+        1,
+        cores=2,
+    )
+    assert any("gpus×rollout_n=1×4" in p for p in problems)
+
+
+def test_grpo_needs_a_group():
+    assert any("rollout_n=1" in p for p in violations(ProbeConfig(algorithm="grpo"), 1, cores=2))
+
+
+def test_workers_above_physical_cores():
+    problems = violations(ProbeConfig(num_rollout_workers=3), 1, cores=2)
+    assert problems == [p for p in problems if "num_rollout_workers=3" in p] and problems
+
+
+def test_forward_micro_batch_must_divide_rank_share():
+    problems = violations(ProbeConfig(log_prob_micro_batch_size=3), 1, cores=2)
+    assert any("log_prob_micro_batch_size=3" in p for p in problems)
+
+
+def test_make_config_reports_every_problem_on_one_line():
+    with pytest.raises(UserError) as info:
+        make_config({"train_batch_size": 20, "num_rollout_workers": 64}, 1)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "train_batch_size=20" in message and "num_rollout_workers=64" in message
+
+
+def test_non_positive_sizes():
+    problems = violations(ProbeConfig(micro_batch_size=0, max_response_length=-1), 1, cores=2)
+    assert {"micro_batch_size=0: must be at least 1", "max_response_length=-1: must be at least 1"} <= set(
+        problems
+    )

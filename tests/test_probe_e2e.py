@@ -1,0 +1,92 @@
+"""The real probe through the real CLI, on tiny models on CPU (several ranks through gloo)."""
+
+import pytest
+
+from tests.conftest import ISSUE_EXAMPLE, probe_json, run_cli
+
+pytestmark = pytest.mark.e2e
+
+
+def _assert_measured(result: dict) -> None:
+    assert result["status"] == "ok", result
+    assert result["samples_per_sec"] > 0 and result["tokens_per_sec"] > 0
+    assert result["peak_memory_bytes"] > 0 and result["peak_memory_source"] == "rss"
+    phases = result["phase_seconds"]
+    assert set(phases) == {"rollout", "scoring", "advantages", "update"}
+    # phases are timed between synchronisations inside the iteration: they add up to it within 10%
+    assert sum(phases.values()) == pytest.approx(result["iteration_seconds"], rel=0.10)
+    assert result["environment"]["torch"] and result["config"]["train_batch_size"] == 16
+
+
+def test_issue_example_single_rank():
+    code, result = probe_json("--model", "tiny-llama", *ISSUE_EXAMPLE)
+    assert code == 0
+    _assert_measured(result)
+    assert result["world_size"] == 1
+
+
+def test_two_gloo_ranks_report_the_largest_peak_and_budget_is_emulated():
+    code, result = probe_json("--model", "tiny-llama", "--gpus", "2", *ISSUE_EXAMPLE)
+    assert code == 0
+    _assert_measured(result)
+    peaks = [rank["bytes"] for rank in result["rank_peaks"]]
+    assert len(peaks) == 2 and result["peak_memory_bytes"] == max(peaks)
+
+    budget_gib = result["peak_memory_bytes"] / 1024**3 / 4  # well below the peak just measured
+    code, over = probe_json(
+        "--model", "tiny-llama", "--gpus", "2", "--memory-budget", f"{budget_gib:.4f}", *ISSUE_EXAMPLE
+    )
+    assert code == 1
+    assert over["status"] == "oom" and over["oom_kind"] == "emulated" and "emulated" in over["message"]
+
+
+def test_grpo_with_lora_and_a_reward_model():
+    code, result = probe_json(
+        "--model",
+        "tiny-qwen2",
+        "--reward-model",
+        "tiny-deberta",
+        "--set",
+        "algorithm=grpo",
+        "--set",
+        "rollout_n=2",
+        "--set",
+        "use_lora=true",
+        "--set",
+        "lora_r=4",
+        "--set",
+        "num_rollout_workers=2",
+        "--set",
+        "gradient_checkpointing=true",
+        "--set",
+        "max_prompt_length=16",
+        "--set",
+        "max_response_length=8",
+        "--iterations",
+        "1",
+    )
+    assert code == 0, result
+    assert result["status"] == "ok" and result["samples_per_sec"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--set", "batch=4"], "unknown knob"),
+        (["--set", "micro_batch_size"], "expected KNOB=VALUE"),
+        (
+            ["--set", "train_batch_size=300", "--set", "rollout_batch_size=128"],
+            "rollout samples would be dropped",
+        ),
+        (["--model", "llama-3-70b"], "unknown model"),
+        (["--model", "/nonexistent/model/dir"], "/nonexistent/model/dir"),
+        (["--device", "cuda", "--gpus", "2"], "--gpus 2"),
+        (["--memory-budget", "-1"], "--memory-budget"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, fragment):
+    proc = run_cli("probe", *args, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
