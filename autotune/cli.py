@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from autotune.errors import UserError
 
@@ -123,6 +124,53 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--json", action="store_true", help="print the result as JSON")
     probe.set_defaults(handler=_cmd_probe)
 
+    run = sub.add_parser(
+        "run",
+        help="search batch settings with an Optuna study of probes",
+        description="Open (or resume) a study over a search space, probe configurations until --trials are "
+        "complete, then report the Pareto-best configuration. Running the same command again "
+        "resumes the study. Ctrl-C finishes the running probe and stops; a second Ctrl-C kills it.",
+    )
+    run.add_argument(
+        "--space",
+        default="default",
+        help="a shipped space name (see search_spaces/) or a YAML file (default: default)",
+    )
+    run.add_argument("--model", help="override the space's model (registry name or local directory)")
+    run.add_argument("--reward-model", help="override the space's reward model ('function' for a rule)")
+    run.add_argument("--weights", choices=("random", "pretrained"), default="random")
+    run.add_argument("--trust-remote-code", action="store_true")
+    run.add_argument("--gpus", type=_positive_int, help="override the space's ranks per probe")
+    run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    run.add_argument(
+        "--trials",
+        type=_positive_int,
+        default=20,
+        help="complete trials to reach, probed or pruned (default 20)",
+    )
+    run.add_argument(
+        "--timeout-per-probe",
+        type=_positive_float,
+        metavar="S",
+        help="wall-clock limit per probe (default: the space's)",
+    )
+    run.add_argument(
+        "--memory-budget",
+        type=_positive_float,
+        metavar="GIB",
+        help="per-rank budget (default: the space's, else the device's memory)",
+    )
+    run.add_argument(
+        "--time-budget",
+        metavar="DURATION",
+        help="launch no new probe after this long, e.g. 8h or 90m (overnight sweeps)",
+    )
+    run.add_argument("--storage", help="Optuna storage URL (default: sqlite in reports/<study>/study.db)")
+    run.add_argument("--study", help="study name (default: <space>-<model>-<gpus>gpu)")
+    run.add_argument("--out", type=Path, default=Path("reports"), help="output folder (default: reports)")
+    run.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    run.set_defaults(handler=_cmd_run)
+
     models = sub.add_parser("models", help="list the registry's model names with parameter counts")
     models.add_argument("--json", action="store_true")
     models.set_defaults(handler=_cmd_models)
@@ -182,6 +230,29 @@ def check_lengths(config, spec) -> None:
             f"max_prompt_length+max_response_length={config.sequence_length} exceeds {spec.name}'s "
             f"max_position_embeddings={limit}: shorten the lengths"
         )
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from autotune.run import RunOptions, parse_duration, run_study
+
+    options = RunOptions(
+        space=args.space,
+        model=args.model,
+        reward_model=args.reward_model,
+        weights=args.weights,
+        gpus=args.gpus,
+        device=args.device,
+        trials=args.trials,
+        timeout_per_probe=args.timeout_per_probe,
+        memory_budget_gib=args.memory_budget,
+        time_budget_seconds=parse_duration(args.time_budget) if args.time_budget else None,
+        storage=args.storage,
+        study=args.study,
+        out=args.out,
+        seed=args.seed,
+        trust_remote_code=args.trust_remote_code,
+    )
+    return run_study(options)
 
 
 def _cmd_models(args: argparse.Namespace) -> int:

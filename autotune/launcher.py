@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -111,12 +112,12 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _wait(procs: list[subprocess.Popen], timeout: float) -> bool:
+def _wait(procs: list[subprocess.Popen], timeout: float, cancel: threading.Event | None) -> bool:
     """Wait for every rank; returns True when the deadline passed. One failed rank starts a short grace."""
     deadline = time.monotonic() + timeout
     while True:
         codes = [p.poll() for p in procs]
-        if all(code is not None for code in codes):
+        if all(code is not None for code in codes) or (cancel is not None and cancel.is_set()):
             return False
         if any(code not in (None, 0) for code in codes):
             deadline = min(deadline, time.monotonic() + FAILURE_GRACE_SECONDS)
@@ -144,8 +145,16 @@ def _stderr_tail(out_dir: Path, world_size: int) -> str:
     return "\n".join(parts)[-STDERR_TAIL_CHARS:]
 
 
-def run_probe(config: ProbeConfig, settings: ProbeSettings, program: Path | None = None) -> ProbeResult:
-    """Run one probe to completion, timeout or failure, and return its classified result."""
+def run_probe(
+    config: ProbeConfig,
+    settings: ProbeSettings,
+    program: Path | None = None,
+    cancel: threading.Event | None = None,
+) -> ProbeResult:
+    """Run one probe to completion, timeout or failure, and return its classified result.
+
+    Setting `cancel` (a second Ctrl-C) kills the probe at once; the caller records it as interrupted.
+    """
     program = program or runner_path()
     with tempfile.TemporaryDirectory(prefix="autotune-probe-") as tmp:
         out_dir = Path(tmp)
@@ -154,7 +163,7 @@ def run_probe(config: ProbeConfig, settings: ProbeSettings, program: Path | None
         started = time.monotonic()
         procs = _spawn_ranks(job_path, out_dir, settings, program)
         try:
-            timed_out = _wait(procs, settings.timeout_seconds)
+            timed_out = _wait(procs, settings.timeout_seconds, cancel)
         finally:
             kill_group(procs[0].pid)  # also reaps DataLoader workers and anything a rank left behind
             for proc in procs:

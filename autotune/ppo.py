@@ -7,6 +7,8 @@ actor and critic workers.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -293,6 +295,17 @@ def iteration(models: Models, ctx: StepContext, prompt_batches, generator: torch
         update(models, ctx, batch, generator)
     barrier(ctx)
     return {"seconds": time.perf_counter() - start, "phases": dict(ctx.phases)}
+
+
+def warmup_config(config: ProbeConfig, world_size: int) -> ProbeConfig:
+    """The smallest iteration with every shape of the real one: one rollout call, one optimizer step.
+
+    Same rollout batch, micro batches and lengths, so kernels, the allocator, DDP buckets and the optimizer
+    state are all warmed up; only the number of repetitions (train_batch_size) shrinks to
+    lcm(rollout_batch_size, micro_batch_size × gradient_accumulation_steps × gpus).
+    """
+    mini = config.micro_batch_size * config.gradient_accumulation_steps * world_size
+    return dataclasses.replace(config, train_batch_size=math.lcm(config.rollout_batch_size, mini))
 
 
 def barrier(ctx: StepContext) -> None:

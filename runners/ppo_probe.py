@@ -8,6 +8,7 @@ MASTER_ADDR/MASTER_PORT in the environment. Reads `--job JOB.json` ({"config", "
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -81,7 +82,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
 
     from autotune.knobs import ProbeConfig
     from autotune.measure import NvmlSampler, peak_memory
-    from autotune.ppo import StepContext, iteration
+    from autotune.ppo import StepContext, iteration, warmup_config
     from autotune.probe_models import build_models
     from autotune.prompts import prompt_batches
     from autotune.registry import resolve_model, resolve_reward_model
@@ -115,8 +116,10 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     )
     generator = torch.Generator().manual_seed(settings["seed"])
 
+    warm_ctx = dataclasses.replace(ctx, config=warmup_config(config, world_size))
     warmup = [
-        iteration(models, ctx, batches, generator)["seconds"] for _ in range(settings["warmup_iterations"])
+        iteration(models, warm_ctx, batches, generator)["seconds"]
+        for _ in range(settings["warmup_iterations"])
     ]
     if sampler:
         sampler.measuring(True)
@@ -144,7 +147,21 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, (torch.OutOfMemoryError, MemoryError))
 
 
+def die_with_parent() -> None:
+    """If the tuner is killed (even by SIGKILL), take this rank down too instead of leaving an orphan."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def main() -> int:
+    die_with_parent()
     args = parse_args()
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     started = time.time()

@@ -1,0 +1,279 @@
+"""`autotune run`: open (or resume) a study over a search space and probe until the trial count is reached."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from autotune.errors import UserError
+from autotune.knobs import ProbeConfig
+from autotune.launcher import ProbeSettings
+from autotune.result import GIB
+from autotune.study import (
+    Budget,
+    Tuner,
+    best_feasible,
+    enqueue_seed_configs,
+    finished_trials,
+    open_study,
+    recover_stale_trials,
+    redact,
+    status_counts,
+)
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """'8h', '90m', '1h30m', '45s' or plain seconds."""
+    stripped = text.strip().lower()
+    try:
+        return float(stripped)
+    except ValueError:
+        pass
+    parts = _DURATION.findall(stripped)
+    if not parts or _DURATION.sub("", stripped).strip():
+        raise UserError(f"--time-budget {text!r}: expected a duration such as 8h, 90m, 1h30m or 45s")
+    return sum(float(value) * _UNIT_SECONDS[unit] for value, unit in parts)
+
+
+@dataclass
+class RunOptions:
+    space: str = "default"
+    model: str | None = None
+    reward_model: str | None = None
+    weights: str = "random"
+    gpus: int | None = None
+    device: str = "auto"
+    trials: int = 20
+    timeout_per_probe: float | None = None
+    memory_budget_gib: float | None = None
+    time_budget_seconds: float | None = None
+    storage: str | None = None
+    study: str | None = None
+    out: Path = Path("reports")
+    seed: int = 0
+    trust_remote_code: bool = False
+
+
+def default_study_name(space_name: str, model: str, gpus: int) -> str:
+    raw = f"{space_name}-{Path(model).name or model}-{gpus}gpu"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-")
+
+
+class StopControl:
+    """First Ctrl-C: finish the running probe, then stop. Second: kill the probe now."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.stop_requested = False
+        self.cancel = threading.Event()
+        self._previous = None
+
+    def __enter__(self) -> StopControl:
+        self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, signum, frame) -> None:
+        if self.stop_requested:
+            self.cancel.set()
+            self.console.print(
+                "[red]second Ctrl-C: killing the running probe; the study stays resumable[/red]"
+            )
+            return
+        self.stop_requested = True
+        self.console.print(
+            "[yellow]Ctrl-C: finishing the running probe, then stopping (Ctrl-C again to kill it)[/yellow]"
+        )
+
+
+def progress_line(tuner: Tuner) -> str:
+    counts = status_counts(tuner.study)
+    shown = " ".join(f"{status}={count}" for status, count in sorted(counts.items()))
+    best = best_feasible(tuner.study, tuner.budget)
+    best_text = (
+        f"best {best.values[0]:.2f} samples/s @ {best.values[1] / GIB:.2f} GiB (#{best.number})"
+        if best
+        else "no feasible trial yet"
+    )
+    return f"{shown} | {best_text}"
+
+
+def tune(tuner: Tuner, trials: int, deadline: float | None, console: Console) -> str:
+    """Run trials until `trials` are complete; returns why it stopped."""
+    with (
+        StopControl(console) as control,
+        Progress(
+            TextColumn("[bold]trials"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=console,
+            transient=False,
+        ) as progress,
+    ):
+        task = progress.add_task(
+            progress_line(tuner), total=trials, completed=len(finished_trials(tuner.study))
+        )
+        while len(finished_trials(tuner.study)) < trials:
+            if control.stop_requested:
+                return "stopped by Ctrl-C"
+            if deadline is not None and time.monotonic() >= deadline:
+                return "time budget spent"
+            tuner.step(cancel=control.cancel)
+            progress.update(
+                task, completed=len(finished_trials(tuner.study)), description=progress_line(tuner)
+            )
+            if control.cancel.is_set():
+                return "probe killed by a second Ctrl-C"
+    return "trial count reached"
+
+
+def start_message(options: RunOptions, study_name: str, storage: str, budget: Budget, resumed: int) -> str:
+    verb = f"resuming ({resumed} trials done)" if resumed else "starting"
+    return (
+        f"{verb} study [bold]{study_name}[/bold] in {redact(storage)}; budget {budget.bytes / GIB:.2f} GiB "
+        f"per rank, feasible ≤ {budget.limit / GIB:.2f} GiB ({budget.headroom:.0%} headroom)"
+    )
+
+
+def probe_settings(space, options: RunOptions, device: str) -> ProbeSettings:
+    return ProbeSettings(
+        model=space.model,
+        reward_model=space.reward_model,
+        weights=options.weights,
+        device=device,
+        world_size=space.gpus,
+        warmup_iterations=space.probe.warmup,
+        iterations=space.probe.iterations,
+        timeout_seconds=options.timeout_per_probe or space.probe.timeout_seconds,
+        memory_budget_gib=None,
+        seed=options.seed,
+        trust_remote_code=options.trust_remote_code,
+    )
+
+
+def resolve_budget_gib(space, options: RunOptions, device: str) -> float:
+    """--memory-budget, else the space's, else the device's memory per rank."""
+    if options.memory_budget_gib:
+        return options.memory_budget_gib
+    if space.memory_budget_gib:
+        return space.memory_budget_gib
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory / GIB
+    import psutil
+
+    return psutil.virtual_memory().total / GIB / space.gpus
+
+
+def prepare(options: RunOptions, console: Console):
+    """Everything checked before the first probe: space, model, budget, storage, study."""
+    from autotune.cli import check_lengths, resolve_device
+    from autotune.memory_model import Architecture, MemoryModel
+    from autotune.registry import resolve_model, resolve_reward_model
+    from autotune.space import load_space
+
+    space = load_space(options.space)
+    changes = {
+        key: value
+        for key, value in (
+            ("model", options.model),
+            ("gpus", options.gpus),
+            ("reward_model", options.reward_model),
+        )
+        if value is not None
+    }
+    if changes:
+        space = space.with_settings(**changes)
+    device = resolve_device(options.device, space.gpus)
+    actor = resolve_model(space.model, options.weights, options.trust_remote_code)
+    reward = resolve_reward_model(space.reward_model)
+    budget_gib = resolve_budget_gib(space, options, device)
+    budget = Budget(int(budget_gib * GIB), space.headroom)
+    model = MemoryModel(Architecture.from_specs(actor, reward), space.gpus, device)
+    longest = ProbeConfig(
+        **space.fixed_fields,
+        max_prompt_length=max(space.knob("max_prompt_length").values()),
+        max_response_length=max(space.knob("max_response_length").values()),
+    )
+    check_lengths(longest, actor)
+    floor = model.minimum_bytes(ProbeConfig(**space.fixed_fields))
+    if floor > budget.limit:
+        raise UserError(
+            f"--memory-budget {budget_gib:g} GiB: {space.model}'s weights, gradients and optimizer "
+            f"state alone need about {floor / GIB:.1f} GiB per rank (budget less "
+            f"{space.headroom:.0%} headroom is {budget.limit / GIB:.1f} GiB); use LoRA, more memory "
+            f"or a smaller model"
+        )
+    settings = probe_settings(space, options, device)
+    settings = ProbeSettings(**{**settings.__dict__, "memory_budget_gib": budget_gib})
+    return space, settings, budget, model
+
+
+def run_study(options: RunOptions, console: Console | None = None) -> int:
+    from autotune.study import memory_model_error
+
+    console = console or Console()
+    space, settings, budget, model = prepare(options, console)
+    study_name = options.study or default_study_name(space.name, space.model, space.gpus)
+    out_dir = options.out / study_name
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(
+            f"--out {options.out}: cannot create {out_dir} ({exc.strerror}); choose a writable folder"
+        ) from None
+    storage = options.storage or f"sqlite:///{(out_dir / 'study.db').resolve()}"
+    study = open_study(storage, study_name, options.seed)
+    recovered = recover_stale_trials(study)
+    resumed = len(finished_trials(study))
+    console.print(start_message(options, study_name, storage, budget, resumed))
+    if recovered:
+        console.print(
+            f"recovered trials {recovered} left RUNNING by a tuner that died: marked failed, re-queued"
+        )
+    seeded = enqueue_seed_configs(study, space)
+    if seeded:
+        console.print(f"enqueued the hand-made configs first: {', '.join(seeded)}")
+    tuner = Tuner(study, space, settings, budget, model)
+    deadline = time.monotonic() + options.time_budget_seconds if options.time_budget_seconds else None
+    started = time.monotonic()
+    reason = tune(tuner, options.trials, deadline, console)
+    console.print(f"stopped: {reason} after {time.monotonic() - started:.0f} s")
+    error, count = memory_model_error(study)
+    print_summary(tuner, console, error, count)
+    return finish(tuner, out_dir, console)
+
+
+def print_summary(tuner: Tuner, console: Console, error: float | None, count: int) -> None:
+    counts = status_counts(tuner.study)
+    console.print("trials by status: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    if error is None:
+        console.print("memory model: no probe was measured after calibration yet")
+    else:
+        console.print(
+            f"memory model: median relative error {error:.1%} over {count} probes predicted after calibration"
+        )
+
+
+def finish(tuner: Tuner, out_dir: Path, console: Console) -> int:
+    """Write the report when the reporter is there; until then print the best configuration."""
+    from autotune.report_console import print_best
+
+    best = best_feasible(tuner.study, tuner.budget)
+    print_best(best, tuner.budget, console)
+    return 0 if best is not None else 1

@@ -1,0 +1,877 @@
+"""Search spaces (DESIGN §5): a YAML file becomes a validated `SearchSpace` whose every sample is valid.
+
+    space = load_space("cpu-tiny")            # a shipped name (see `shipped_spaces()`) or a YAML file path
+    config = sample_config(space, trial)      # a ProbeConfig with knobs.violations(config, gpus) == []
+    params = config_to_params(space, seed)    # for study.enqueue_trial(params); None when it does not fit
+    space.grid(), space.size()                # every valid configuration, and how many there are
+
+Valid by construction. Optuna forbids changing a categorical's choices between trials, but an integer
+range may change from trial to trial. So the batch knobs are sampled as exponents, with `trial.suggest_int`,
+in a fixed order, each range clipped by the choices made before it. With W = gpus, n = rollout_n, the unit
+u = W·n and v = v2(n) (the exponent of 2 in n):
+
+    knob                         value     Optuna param                        range        ensures
+    train_batch_size            T  = u·2^b  log2_train_batch_units              [b_lo, b_hi]
+    rollout_batch_size          R  = u·2^a  log2_rollout_batch_units            a <= b       T % R == 0
+    micro_batch_size            m  = 2^i    log2_micro_batch_size               i + j <= b+v T % (m·g·W) == 0
+    gradient_accumulation_steps g  = 2^j    log2_gradient_accumulation_steps
+    log_prob_micro_batch_size   lm = 2^l    log2_log_prob_micro_batch_size      l <= b+v     lm divides T/W
+
+R % W == 0 and whole prompt groups per rank (R % (W·n) == 0) hold because R is a multiple of u. b's own lower
+bound already accounts for the knobs after it, so every choice leaves at least one valid completion, and the
+clipped ranges hold exactly the valid configurations: sampling reaches all of them and nothing else.
+(Multivariate samplers model only parameters whose range never changes; the clipped ones are sampled
+independently. That is the price of validity by construction.)
+
+Lengths, workers and gradient checkpointing are independent of the batch knobs: a fixed list of choices is a
+categorical, a range is an integer (`{min, max}` of a length: powers of two; with `step`: linear).
+`num_rollout_workers` is a linear range whose max is clipped to the physical cores of the machine the space
+was loaded on (`SearchSpace.cores`); a min above them is an error (the seed's pitfall 6.2).
+
+YAML schema (unknown keys anywhere are errors; every error is reported at once, one line each):
+
+    description: "..."
+    model: tiny-llama              # registry name or local directory (resolved by the caller)
+    reward_model: function         # 'function' (rule-based) or a registry name / directory
+    gpus: 1                        # W ranks
+    memory_budget_gib: 1.0         # per rank; null = the device's memory (the caller decides)
+    headroom: 0.10                 # feasible means peak <= budget·(1-headroom)
+    algorithm: ppo                 # ppo | grpo
+    rollout_n: 1                   # samples per prompt; grpo needs >= 2
+    kl_coef: 0.05
+    lora: {enabled: false, r: 16, alpha: 32}
+    probe: {iterations: 2, warmup: 1, timeout_seconds: 600}
+    knobs:                         # a scalar fixes a knob; batch knobs: u·2^k or 2^k, {min, max} rounded in
+      train_batch_size: {min: 16, max: 128}
+      rollout_batch_size: {min: 8, max: 64}
+      micro_batch_size: {min: 1, max: 16}
+      gradient_accumulation_steps: {min: 1, max: 4}
+      log_prob_micro_batch_size: {min: 2, max: 32}    # optional; omitted or null = same as micro_batch_size
+      num_rollout_workers: {min: 1, max: 4}           # or {min, max, step}, {choices: [...]}, a scalar
+      max_prompt_length: 32                           # {min, max} powers of two, {min, max, step}, {choices}
+      max_response_length: {choices: [16, 32, 64]}
+      gradient_checkpointing: {choices: [false, true]}  # optional; default false
+    seed_configs:                  # optional: hand-made configs, enqueued first when they fit the space
+      - {name: "...", rollout_batch_size: 8, train_batch_size: 32, micro_batch_size: 4,
+         gradient_accumulation_steps: 2, num_rollout_workers: 1, max_prompt_length: 32,
+         max_response_length: 16}  # optional: log_prob_micro_batch_size, gradient_checkpointing
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import itertools
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.errors import UserError
+from autotune.knobs import ALGORITHMS, ProbeConfig, physical_cores
+
+__all__ = [
+    "MEMORY_EQUAL_FIELDS",
+    "MEMORY_MONOTONE_KNOBS",
+    "TIME_ONLY_KNOBS",
+    "KnobSpec",
+    "LoraSpec",
+    "ProbeSpec",
+    "SearchSpace",
+    "SeedConfig",
+    "SpaceError",
+    "at_least_as_large",
+    "config_to_params",
+    "load_space",
+    "misfits",
+    "sample_config",
+    "shipped_spaces",
+    "space_from_dict",
+]
+
+TRAIN, ROLLOUT = "train_batch_size", "rollout_batch_size"
+MICRO, ACCUM, LOGPROB = "micro_batch_size", "gradient_accumulation_steps", "log_prob_micro_batch_size"
+WORKERS, PROMPT, RESPONSE = "num_rollout_workers", "max_prompt_length", "max_response_length"
+CHECKPOINTING = "gradient_checkpointing"
+
+UNIT_KNOBS = (TRAIN, ROLLOUT)  # u·2^k
+EXPONENT_ORDER = (TRAIN, ROLLOUT, MICRO, ACCUM, LOGPROB)  # sampling order: each range clipped by the earlier
+LENGTH_KNOBS = (PROMPT, RESPONSE)
+KNOBS = (*EXPONENT_ORDER, WORKERS, *LENGTH_KNOBS, CHECKPOINTING)
+OPTIONAL_KNOBS = {LOGPROB: None, CHECKPOINTING: False}  # omitted -> this value
+
+# Kinds of KnobSpec.
+FIXED, CHOICES, POW2, LINEAR = "fixed", "choices", "pow2", "linear"
+
+# Memory (DESIGN §3): peak grows with these (the log-prob knob by its effective value, `None` = micro);
+# gradient checkpointing goes the other way (True needs LESS memory); these must be equal to compare two
+# configs at all; and these change time, not the peak (T and g beyond a rollout buffer of a few MB; the
+# workers are separate processes, outside a rank's CUDA memory and its RSS).
+MEMORY_MONOTONE_KNOBS = (MICRO, ROLLOUT, PROMPT, RESPONSE, "forward_micro_batch_size")
+MEMORY_EQUAL_FIELDS = ("algorithm", "rollout_n", "use_lora", "lora_r")
+TIME_ONLY_KNOBS = (TRAIN, ACCUM, WORKERS)
+
+_TOP_KEYS = (
+    "description",
+    "model",
+    "reward_model",
+    "gpus",
+    "memory_budget_gib",
+    "headroom",
+    "algorithm",
+    "rollout_n",
+    "kl_coef",
+    "lora",
+    "probe",
+    "knobs",
+    "seed_configs",
+)
+_LORA_KEYS = ("enabled", "r", "alpha")
+_PROBE_KEYS = ("iterations", "warmup", "timeout_seconds")
+
+
+_MISSING = object()  # a key the file does not have
+
+
+class SpaceError(UserError):
+    """A search space with mistakes: `errors` holds one line per mistake, `<file>: <key>=<value>: <rule>`."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = list(errors)
+        super().__init__("\n".join(self.errors))
+
+
+# ---------------------------------------------------------------------------------------------- the model
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """How one knob is searched.
+
+    kind `fixed`: `choices` holds the one value. `choices`: a categorical over `choices`. `pow2`: the value is
+    `unit·2^e` for e in [low, high] (batch knobs always have this kind, a fixed one with low == high; for a
+    length `unit` is 1). `linear`: low, low+step, ..., high (for workers, `high` before clipping to cores).
+    """
+
+    name: str
+    kind: str
+    choices: tuple[Any, ...] = ()
+    low: int = 0
+    high: int = 0
+    step: int = 1
+    unit: int = 1
+
+    @property
+    def param(self) -> str:
+        """The Optuna parameter name (exponents say so: `log2_...`; T and R count units of gpus×rollout_n)."""
+        if self.kind != POW2:
+            return self.name
+        if self.name in UNIT_KNOBS:
+            return f"log2_{self.name.removesuffix('_size')}_units"
+        return f"log2_{self.name}"
+
+    @property
+    def searched(self) -> bool:
+        """Whether sampling asks the trial for it (a fixed knob adds no Optuna parameter)."""
+        if self.kind == FIXED:
+            return False
+        return self.kind == CHOICES or self.high > self.low
+
+    def value(self, exponent: int) -> int:
+        return self.unit * 2**exponent
+
+    def exponent(self, value: Any) -> int | None:
+        """e with value == unit·2^e, or None."""
+        if not _is_int(value) or value < self.unit or value % self.unit:
+            return None
+        q = value // self.unit
+        return q.bit_length() - 1 if q & (q - 1) == 0 else None
+
+    def linear_high(self, cores: int | None = None) -> int:
+        high = min(self.high, cores) if cores is not None and self.name == WORKERS else self.high
+        return self.low + (high - self.low) // self.step * self.step
+
+    def values(self, cores: int | None = None) -> tuple[Any, ...]:
+        """Every value the knob can take, ignoring the other knobs (workers clipped to `cores`)."""
+        if self.kind in (FIXED, CHOICES):
+            return self.choices
+        if self.kind == POW2:
+            return tuple(self.value(e) for e in range(self.low, self.high + 1))
+        return tuple(range(self.low, self.linear_high(cores) + 1, self.step))
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    iterations: int = 2
+    warmup: int = 1
+    timeout_seconds: float = 600.0
+
+
+@dataclass(frozen=True)
+class SeedConfig:
+    """A hand-made configuration from the space file (a person's pick, to compare the tuner with)."""
+
+    name: str
+    config: ProbeConfig
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """A validated search space. Build it with `load_space` or `space_from_dict`, which check everything."""
+
+    name: str
+    source: str
+    model: str
+    knobs: tuple[KnobSpec, ...]
+    cores: int  # physical cores of the machine it was loaded for: the workers' ceiling
+    description: str = ""
+    reward_model: str = "function"
+    gpus: int = 1
+    memory_budget_gib: float | None = None
+    headroom: float = 0.10
+    algorithm: str = "ppo"
+    rollout_n: int = 1
+    kl_coef: float = 0.05
+    lora: LoraSpec = LoraSpec()
+    probe: ProbeSpec = ProbeSpec()
+    seed_configs: tuple[SeedConfig, ...] = ()
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def knob(self, name: str) -> KnobSpec:
+        for spec in self.knobs:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    @property
+    def unit(self) -> int:
+        """gpus × rollout_n: train and rollout batches are this times a power of two."""
+        return self.gpus * self.rollout_n
+
+    @property
+    def fixed_fields(self) -> dict[str, Any]:
+        """The ProbeConfig fields the space fixes (not knobs)."""
+        return {
+            "algorithm": self.algorithm,
+            "rollout_n": self.rollout_n,
+            "use_lora": self.lora.enabled,
+            "lora_r": self.lora.r,
+            "lora_alpha": self.lora.alpha,
+            "kl_coef": self.kl_coef,
+        }
+
+    @property
+    def usable_budget_gib(self) -> float | None:
+        """budget·(1-headroom): the peak a feasible configuration stays within (None: device memory)."""
+        return None if self.memory_budget_gib is None else self.memory_budget_gib * (1 - self.headroom)
+
+    def with_settings(self, **changes: Any) -> SearchSpace:
+        """The same file with top-level settings replaced (e.g. `gpus=2` from the command line), rechecked."""
+        data = copy.deepcopy(dict(self.raw))
+        data.update(changes)
+        return space_from_dict(data, source=self.source, cores=self.cores, name=self.name)
+
+    def grid(self) -> list[ProbeConfig]:
+        """Every valid configuration of the space (for an exhaustive benchmark): see `size()` first."""
+        return list(self.iter_grid())
+
+    def iter_grid(self) -> Iterator[ProbeConfig]:
+        others = [k for k in self.knobs if k.name not in EXPONENT_ORDER or k.kind == FIXED]
+        other_values = [k.values(self.cores) for k in others]
+        for exponents in _exponent_tuples(self):
+            batch = {name: self.knob(name).value(e) for name, e in exponents.items()}
+            for combo in itertools.product(*other_values):
+                knobs = dict(zip([k.name for k in others], combo, strict=True))
+                yield ProbeConfig(**batch, **knobs, **self.fixed_fields)
+
+    def size(self) -> int:
+        """How many valid configurations the space holds (without building them)."""
+        others = [k for k in self.knobs if k.name not in EXPONENT_ORDER or k.kind == FIXED]
+        return sum(1 for _ in _exponent_tuples(self)) * math.prod(len(k.values(self.cores)) for k in others)
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+
+def _v2(n: int) -> int:
+    return (n & -n).bit_length() - 1
+
+
+def _pow2_specs(space: SearchSpace) -> list[KnobSpec]:
+    """The batch knobs sampled as exponents, in order (a log-prob knob fixed to None is not one)."""
+    return [space.knob(name) for name in EXPONENT_ORDER if space.knob(name).kind == POW2]
+
+
+def _bounds(space: SearchSpace, name: str, chosen: Mapping[str, int]) -> tuple[int, int]:
+    """The exponent range of `name` given the exponents chosen before it: exactly those with a completion."""
+    spec, v = space.knob(name), _v2(space.rollout_n)
+    if name == TRAIN:
+        return _train_floor(space), spec.high
+    b = chosen[TRAIN]
+    if name == ROLLOUT:
+        return spec.low, min(spec.high, b)  # T % R == 0
+    if name == MICRO:
+        return spec.low, min(spec.high, b + v - space.knob(ACCUM).low)  # leave room for the smallest g
+    if name == ACCUM:
+        return spec.low, min(spec.high, b + v - chosen[MICRO])  # m·g·W divides T = W·n·2^b
+    return spec.low, min(spec.high, b + v)  # LOGPROB: lm divides T/W = n·2^b
+
+
+def _train_floor(space: SearchSpace) -> int:
+    """b's lowest value that leaves room for every later knob's minimum."""
+    v = _v2(space.rollout_n)
+    floors = [
+        space.knob(TRAIN).low,
+        space.knob(ROLLOUT).low,
+        space.knob(MICRO).low + space.knob(ACCUM).low - v,
+    ]
+    if space.knob(LOGPROB).kind == POW2:
+        floors.append(space.knob(LOGPROB).low - v)
+    return max(floors)
+
+
+def _exponent_tuples(space: SearchSpace) -> Iterator[dict[str, int]]:
+    specs = _pow2_specs(space)
+
+    def extend(chosen: dict[str, int], depth: int) -> Iterator[dict[str, int]]:
+        if depth == len(specs):
+            yield dict(chosen)
+            return
+        name = specs[depth].name
+        low, high = _bounds(space, name, chosen)
+        for e in range(low, high + 1):
+            chosen[name] = e
+            yield from extend(chosen, depth + 1)
+        chosen.pop(name, None)
+
+    yield from extend({}, 0)
+
+
+def sample_config(space: SearchSpace, trial: Any) -> ProbeConfig:
+    """One configuration from an Optuna trial (`Trial`, `FixedTrial`), valid by construction.
+
+    `num_rollout_workers` ranges are clipped to `space.cores` (physical cores where the space was loaded).
+    """
+    values: dict[str, Any] = {}
+    chosen: dict[str, int] = {}
+    for spec in _pow2_specs(space):
+        low, high = _bounds(space, spec.name, chosen)
+        chosen[spec.name] = trial.suggest_int(spec.param, low, high) if spec.searched else low
+        values[spec.name] = spec.value(chosen[spec.name])
+    for spec in space.knobs:
+        if spec.name in values:
+            continue
+        if spec.kind == FIXED:
+            values[spec.name] = spec.choices[0]
+        elif spec.kind == CHOICES:
+            values[spec.name] = trial.suggest_categorical(spec.param, list(spec.choices))
+        elif not spec.searched:
+            values[spec.name] = spec.values(space.cores)[0]
+        elif spec.kind == POW2:  # a length
+            values[spec.name] = spec.value(trial.suggest_int(spec.param, spec.low, spec.high))
+        else:
+            high = spec.linear_high(space.cores)
+            values[spec.name] = trial.suggest_int(spec.param, spec.low, high, step=spec.step)
+    return ProbeConfig(**values, **space.fixed_fields)
+
+
+def misfits(space: SearchSpace, config: ProbeConfig) -> list[str]:
+    """Why the space cannot produce `config` (empty when it can), one reason per knob."""
+    return _params_and_misfits(space, config)[1]
+
+
+def config_to_params(space: SearchSpace, config: ProbeConfig) -> dict[str, Any] | None:
+    """The Optuna params that make `sample_config` return `config` (for `study.enqueue_trial`), or None.
+
+    A log-prob micro batch of None means "same as micro": it fits a space that searches that knob when the
+    micro batch is in its range, and the enqueued trial then sets it explicitly.
+    """
+    params, problems = _params_and_misfits(space, config)
+    return None if problems else params
+
+
+def _params_and_misfits(space: SearchSpace, config: ProbeConfig) -> tuple[dict[str, Any], list[str]]:
+    params: dict[str, Any] = {}
+    problems = [
+        f"{key}={getattr(config, key)}: the space fixes {key}={value}"
+        for key, value in space.fixed_fields.items()
+        if getattr(config, key) != value and not (key in ("lora_r", "lora_alpha") and not space.lora.enabled)
+    ]
+    chosen: dict[str, int] = {}
+    for spec in _pow2_specs(space):
+        value = getattr(config, spec.name)
+        if spec.name == LOGPROB and value is None:
+            value = config.micro_batch_size
+        low, high = _bounds(space, spec.name, chosen) if len(chosen) == _index(space, spec) else (None, None)
+        exponent = spec.exponent(value)
+        if exponent is None:
+            form = f"gpus×rollout_n×2^k = {space.unit}×2^k" if spec.name in UNIT_KNOBS else "a power of two"
+            problems.append(f"{spec.name}={value}: not {form}")
+            continue
+        if low is not None and not low <= exponent <= high:
+            span = f"{spec.value(low)}..{spec.value(high)}"
+            problems.append(
+                f"{spec.name}={value}: outside {span}, the space's range given the knobs before it"
+            )
+            continue
+        chosen[spec.name] = exponent
+        if spec.searched:
+            params[spec.param] = exponent
+    for spec in space.knobs:
+        if spec.name in EXPONENT_ORDER and spec.kind == POW2:
+            continue
+        value = getattr(config, spec.name)
+        if spec.name == LOGPROB:  # fixed to None: same as micro
+            if value not in (None, config.micro_batch_size):
+                problems.append(f"{LOGPROB}={value}: the space uses micro_batch_size for forward passes")
+            continue
+        allowed = spec.values(space.cores)
+        if spec.name == WORKERS and _is_int(value) and value > space.cores:
+            problems.append(f"{WORKERS}={value}: exceeds the {space.cores} physical cores here")
+        elif value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
+            problems.append(f"{spec.name}={_show(value)}: not one of {_show(list(allowed))}")
+        elif spec.searched:
+            params[spec.param] = spec.exponent(value) if spec.kind == POW2 else value
+    return params, problems
+
+
+def _index(space: SearchSpace, spec: KnobSpec) -> int:
+    return [s.name for s in _pow2_specs(space)].index(spec.name)
+
+
+# ---------------------------------------------------------------------------------------------- memory order
+
+
+def at_least_as_large(a: ProbeConfig, b: ProbeConfig) -> bool:
+    """Whether `a` needs at least as much memory as `b`: if `b` ran out of memory, so does `a`.
+
+    True when `a` >= `b` on every memory-monotone knob (`MEMORY_MONOTONE_KNOBS`: micro, rollout batch,
+    prompt and response lengths, the effective log-prob micro batch), `a` does not checkpoint where `b` does
+    not (gradient checkpointing True needs LESS memory, so it counts as the smaller value), and the fields
+    that change memory in other ways are equal (`MEMORY_EQUAL_FIELDS`: algorithm, rollout_n, LoRA and its
+    rank). T, g and the workers (`TIME_ONLY_KNOBS`) change time, not the peak, and are not compared; both
+    configs are assumed to run on the same number of ranks.
+    """
+    if any(getattr(a, key) != getattr(b, key) for key in ("algorithm", "rollout_n", "use_lora")):
+        return False
+    if a.use_lora and a.lora_r != b.lora_r:
+        return False
+    if a.gradient_checkpointing and not b.gradient_checkpointing:
+        return False
+    return all(getattr(a, key) >= getattr(b, key) for key in MEMORY_MONOTONE_KNOBS)
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def shipped_dir() -> Path:
+    """The shipped spaces: the checkout's `search_spaces/`, or the installed `autotune.search_spaces`."""
+    return Path(str(resources.files("autotune.search_spaces")))
+
+
+def shipped_spaces() -> list[str]:
+    """Names of the shipped spaces (file names without `.yaml`), sorted."""
+    return sorted(p.stem for p in shipped_dir().glob("*.yaml"))
+
+
+def load_space(name_or_path: str, cores: int | None = None) -> SearchSpace:
+    """A shipped space by name (`default`, `cpu-tiny`, ...) or a YAML file; every mistake at once.
+
+    `cores` is the machine's physical core count (default: this machine's), the ceiling of the workers.
+    """
+    ref = str(name_or_path)
+    if ref in shipped_spaces():
+        path, name = shipped_dir() / f"{ref}.yaml", ref
+    else:
+        path = Path(ref).expanduser()
+        name = path.stem
+        if not path.is_file():
+            raise UserError(_unknown_space_message(ref, path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read the search space: {exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpaceError([_yaml_error_line(str(path), exc)]) from None
+    return space_from_dict(data, source=str(path), cores=cores, name=name)
+
+
+def _unknown_space_message(ref: str, path: Path) -> str:
+    names = ", ".join(shipped_spaces())
+    if path.exists():
+        return f"search space '{ref}' is not a file: pass a YAML file, or one of {names}"
+    if "/" in ref or "\\" in ref or path.suffix in (".yaml", ".yml"):
+        return f"search space file '{ref}' does not exist: pass a YAML file, or one of {names}"
+    close = difflib.get_close_matches(ref, shipped_spaces(), n=1)
+    guess = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown search space {ref!r}{guess}: use one of {names}, or a path to a YAML file"
+
+
+def _yaml_error_line(source: str, exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "somewhere"
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"{source}: {where}: invalid YAML: {problem}"
+
+
+def space_from_dict(
+    data: Any, source: str = "<search space>", cores: int | None = None, name: str | None = None
+) -> SearchSpace:
+    """Check a parsed space (e.g. from YAML) and build it; raise `SpaceError` listing every mistake."""
+    check = _Checker(source)
+    cores = physical_cores() if cores is None else cores
+    if not isinstance(data, dict):
+        check.error("", data, "a search space is a mapping of keys (model, gpus, knobs, ...)")
+        raise SpaceError(check.errors)
+    check.unknown_keys("", data, _TOP_KEYS)
+    top = _parse_top(check, data)
+    unit = top["gpus"] * top["rollout_n"] if top["gpus"] and top["rollout_n"] else None
+    knobs = _parse_knobs(check, data.get("knobs"), unit, cores)
+    space = None
+    if not check.errors:
+        space = SearchSpace(
+            name=name or Path(source).stem,
+            source=source,
+            knobs=tuple(knobs[k] for k in KNOBS),
+            cores=cores,
+            raw=copy.deepcopy(data),
+            **top,
+        )
+        _check_conflicts(check, space)
+    seeds = _parse_seeds(check, data.get("seed_configs"), space)
+    if check.errors:
+        raise SpaceError(check.errors)
+    assert space is not None
+    return dataclasses.replace(space, seed_configs=tuple(seeds))
+
+
+class _Checker:
+    """Collects every mistake as `<source>: <key.path>=<value>: <rule>`."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.errors: list[str] = []
+
+    def error(self, path: str, value: Any, rule: str) -> None:
+        where = f"{path}={_show(value)}" if path else _show(value)
+        if value is _MISSING:
+            where = path
+        self.errors.append(f"{self.source}: {where}: {rule}")
+
+    def unknown_keys(self, path: str, data: dict, known: tuple[str, ...], hint: str = "") -> None:
+        for key in data:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                guess = f" (did you mean {close[0]}?)" if close else ""
+                full = f"{path}.{key}" if path else str(key)
+                self.error(full, data[key], f"unknown key{guess}; known keys: {', '.join(known)}{hint}")
+
+    def integer(self, path: str, value: Any, minimum: int) -> int | None:
+        if not _is_int(value) or value < minimum:
+            self.error(path, value, f"must be a whole number >= {minimum}")
+            return None
+        return value
+
+    def number(self, path: str, value: Any, low: float, high: float | None = None, open_low=True) -> Any:
+        ok = _is_number(value) and (value > low if open_low else value >= low)
+        ok = ok and (high is None or value < high)
+        if not ok:
+            lower = f"> {low}" if open_low else f">= {low}"
+            self.error(path, value, f"must be a number {lower}" + (f" and < {high}" if high else ""))
+            return None
+        return float(value)
+
+    def text(self, path: str, value: Any, required: bool = False) -> str | None:
+        if not isinstance(value, str) or (required and not value.strip()):
+            self.error(path, value, "must be a non-empty string" if required else "must be a string")
+            return None
+        return value
+
+    def boolean(self, path: str, value: Any) -> bool | None:
+        if not isinstance(value, bool):
+            self.error(path, value, "must be true or false")
+            return None
+        return value
+
+    def mapping(self, path: str, value: Any) -> dict | None:
+        if not isinstance(value, dict):
+            self.error(path, value, "must be a mapping (key: value, ...)")
+            return None
+        return value
+
+
+def _parse_top(check: _Checker, data: dict) -> dict[str, Any]:
+    top: dict[str, Any] = {}
+    top["description"] = check.text("description", data.get("description", "")) or ""
+    if "model" not in data:
+        check.error("model", _MISSING, "missing: a registry name (`autotune models`) or a model directory")
+    top["model"] = check.text("model", data.get("model"), required=True) if "model" in data else None
+    top["reward_model"] = check.text("reward_model", data.get("reward_model", "function"), required=True)
+    top["gpus"] = check.integer("gpus", data.get("gpus", 1), 1)
+    budget = data.get("memory_budget_gib")
+    top["memory_budget_gib"] = None if budget is None else check.number("memory_budget_gib", budget, 0)
+    top["headroom"] = check.number("headroom", data.get("headroom", 0.10), 0, 1, open_low=False)
+    algorithm = data.get("algorithm", "ppo")
+    if algorithm not in ALGORITHMS:
+        check.error("algorithm", algorithm, f"must be one of {', '.join(ALGORITHMS)}")
+        algorithm = None
+    top["algorithm"] = algorithm
+    top["rollout_n"] = check.integer("rollout_n", data.get("rollout_n", 1), 1)
+    if algorithm == "grpo" and top["rollout_n"] is not None and top["rollout_n"] < 2:
+        check.error("rollout_n", top["rollout_n"], "GRPO normalises rewards within a group: must be >= 2")
+    top["kl_coef"] = check.number("kl_coef", data.get("kl_coef", 0.05), 0, open_low=False)
+    top["lora"] = _parse_section(check, "lora", data.get("lora", {}), _LORA_KEYS, LoraSpec)
+    top["probe"] = _parse_section(check, "probe", data.get("probe", {}), _PROBE_KEYS, ProbeSpec)
+    return top
+
+
+def _parse_section(check: _Checker, path: str, data: Any, keys: tuple[str, ...], cls: type) -> Any:
+    default = cls()
+    if check.mapping(path, data) is None:
+        return default
+    check.unknown_keys(path, data, keys)
+    values = {}
+    for key in keys:
+        value = data.get(key, getattr(default, key))
+        full = f"{path}.{key}"
+        if key == "enabled":
+            values[key] = check.boolean(full, value)
+        elif key == "timeout_seconds":
+            values[key] = check.number(full, value, 0)
+        else:
+            values[key] = check.integer(full, value, 0 if key == "warmup" else 1)
+    return cls(**{k: (getattr(default, k) if v is None else v) for k, v in values.items()})
+
+
+def _parse_knobs(check: _Checker, data: Any, unit: int | None, cores: int) -> dict[str, KnobSpec]:
+    if check.mapping("knobs", data) is None:
+        return {}
+    check.unknown_keys("knobs", data, KNOBS)
+    knobs = {}
+    for name in KNOBS:
+        if name not in data and name not in OPTIONAL_KNOBS:
+            check.error(f"knobs.{name}", _MISSING, "missing: a value (fixed), {min, max} or {choices: [...]}")
+            continue
+        spec = _parse_knob(check, name, data.get(name, OPTIONAL_KNOBS.get(name)), unit, cores)
+        if spec is not None:
+            knobs[name] = spec
+    return knobs
+
+
+def _parse_knob(check: _Checker, name: str, raw: Any, unit: int | None, cores: int) -> KnobSpec | None:
+    path = f"knobs.{name}"
+    batch = name in EXPONENT_ORDER
+    knob_unit = (unit or 0) if name in UNIT_KNOBS else 1
+    if isinstance(raw, dict):
+        if batch:
+            keys: tuple[str, ...] = ("min", "max")
+            hint = " (batch knobs are powers of two so that every sample is valid: no choices, no step)"
+        elif name == CHECKPOINTING:
+            keys, hint = ("choices",), ""
+        else:
+            keys, hint = ("min", "max", "step", "choices"), ""
+        check.unknown_keys(path, raw, keys, hint)
+        if "choices" in raw and raw.keys() & {"min", "max", "step"}:
+            check.error(path, raw, "give either choices or a range {min, max}, not both")
+            return None
+        if "choices" in raw:
+            return _parse_choices(check, name, raw["choices"], cores)
+        return _parse_range(check, name, raw, knob_unit, cores)
+    # a scalar: the knob is fixed
+    if name == CHECKPOINTING:
+        return None if check.boolean(path, raw) is None else KnobSpec(name, FIXED, (raw,))
+    if name == LOGPROB and raw is None:
+        return KnobSpec(name, FIXED, (None,))
+    if check.integer(path, raw, 1) is None:
+        return None
+    if name == WORKERS and raw > cores:
+        check.error(path, raw, f"exceeds the {cores} physical cores here (the seed's pitfall 6.2)")
+        return None
+    if not batch:
+        return KnobSpec(name, FIXED, (raw,))
+    if not knob_unit:
+        return None  # gpus or rollout_n is wrong: already reported
+    spec = KnobSpec(name, POW2, unit=knob_unit)
+    exponent = spec.exponent(raw)
+    if exponent is None:
+        check.error(path, raw, f"must be {_form(name, knob_unit)}, e.g. {_near(raw, knob_unit)}")
+        return None
+    return dataclasses.replace(spec, low=exponent, high=exponent)
+
+
+def _parse_choices(check: _Checker, name: str, raw: Any, cores: int) -> KnobSpec | None:
+    path = f"knobs.{name}.choices"
+    if not isinstance(raw, list) or not raw:
+        check.error(path, raw, "must be a non-empty list")
+        return None
+    ok = True
+    for i, value in enumerate(raw):
+        if name == CHECKPOINTING:
+            ok = check.boolean(f"{path}[{i}]", value) is not None and ok
+        else:
+            ok = check.integer(f"{path}[{i}]", value, 1) is not None and ok
+    if not ok:
+        return None
+    if len(set(raw)) != len(raw):
+        check.error(path, raw, "lists a value twice")
+        return None
+    if name == WORKERS and max(raw) > cores:
+        check.error(path, raw, f"exceeds the {cores} physical cores here (the seed's pitfall 6.2)")
+        return None
+    return KnobSpec(name, FIXED, tuple(raw)) if len(raw) == 1 else KnobSpec(name, CHOICES, tuple(raw))
+
+
+def _parse_range(check: _Checker, name: str, raw: dict, unit: int, cores: int) -> KnobSpec | None:
+    path = f"knobs.{name}"
+    for key in ("min", "max"):
+        if key not in raw:
+            check.error(path, raw, f"a range needs both min and max (missing {key})")
+            return None
+    low = check.integer(f"{path}.min", raw["min"], 1)
+    high = check.integer(f"{path}.max", raw["max"], 1)
+    step = check.integer(f"{path}.step", raw["step"], 1) if "step" in raw else 1
+    if low is None or high is None or step is None:
+        return None
+    if low > high:
+        check.error(f"{path}.min", low, f"exceeds {name}.max={high}")
+        return None
+    if name == WORKERS:
+        if low > cores:
+            check.error(f"{path}.min", low, f"exceeds the {cores} physical cores here (seed pitfall 6.2)")
+            return None
+        spec = KnobSpec(name, LINEAR, low=low, high=high, step=step)
+        return spec if spec.linear_high(cores) > low else KnobSpec(name, FIXED, (low,))
+    if "step" in raw:  # a linear length
+        spec = KnobSpec(name, LINEAR, low=low, high=high, step=step)
+        return spec if spec.linear_high() > low else KnobSpec(name, FIXED, (low,))
+    if not unit:
+        return None  # gpus or rollout_n is wrong: already reported
+    # powers of two (times the unit), rounded inward
+    e_low = 0
+    while unit * 2**e_low < low:
+        e_low += 1
+    e_high = -1
+    while unit * 2 ** (e_high + 1) <= high:
+        e_high += 1
+    if e_low > e_high:
+        check.error(path, raw, f"no value of the form {_form(name, unit)} between {low} and {high}")
+        return None
+    spec = KnobSpec(name, POW2, low=e_low, high=e_high, unit=unit)
+    if name in LENGTH_KNOBS and e_low == e_high:
+        return KnobSpec(name, FIXED, (spec.value(e_low),))
+    return spec
+
+
+def _check_conflicts(check: _Checker, space: SearchSpace) -> None:
+    """Report, naming the knobs, when the batch ranges admit no valid configuration at all."""
+    k = {name: space.knob(name) for name in EXPONENT_ORDER}
+    v, w = _v2(space.rollout_n), space.gpus
+    t_max = k[TRAIN].value(k[TRAIN].high)
+    t_max_text = f"train_batch_size.max={t_max}"
+    if k[ROLLOUT].low > k[TRAIN].high:
+        r_min = k[ROLLOUT].value(k[ROLLOUT].low)
+        check.error("rollout_batch_size.min", r_min, f"exceeds {t_max_text}: T must be a multiple of R")
+    if k[MICRO].low + k[ACCUM].low > k[TRAIN].high + v:
+        m, g = 2 ** k[MICRO].low, 2 ** k[ACCUM].low
+        verb = "exceeds" if m * g * w > t_max else "divides no train_batch_size up to"
+        check.error(
+            "micro_batch_size.min×gradient_accumulation_steps.min×gpus",
+            f"{m}×{g}×{w}={m * g * w}",
+            f"{verb} {t_max_text}: every optimizer step needs whole micro-batches on every GPU",
+        )
+    if k[LOGPROB].kind == POW2 and k[LOGPROB].low > k[TRAIN].high + v:
+        lm, share = 2 ** k[LOGPROB].low, t_max // w
+        verb = "exceeds" if lm > share else "does not divide"
+        check.error(
+            "log_prob_micro_batch_size.min",
+            lm,
+            f"{verb} the per-GPU share train_batch_size.max/gpus={share}: "
+            "forward-only micro-batches must split it evenly",
+        )
+
+
+def _parse_seeds(check: _Checker, data: Any, space: SearchSpace | None) -> list[SeedConfig]:
+    if data is None:
+        return []
+    if not isinstance(data, list):
+        check.error("seed_configs", data, "must be a list of configurations")
+        return []
+    seeds = []
+    keys = ("name", *KNOBS)
+    for i, raw in enumerate(data):
+        path = f"seed_configs[{i}]"
+        if check.mapping(path, raw) is None:
+            continue
+        check.unknown_keys(path, raw, keys, " (algorithm, rollout_n and LoRA come from the space)")
+        before = len(check.errors)
+        name = check.text(f"{path}.name", raw.get("name"), required=True)
+        values: dict[str, Any] = {}
+        for knob in KNOBS:
+            if knob not in raw and knob not in OPTIONAL_KNOBS:
+                check.error(f"{path}.{knob}", _MISSING, "missing: a seed config sets every knob")
+                continue
+            value = raw.get(knob, OPTIONAL_KNOBS.get(knob))
+            if knob == CHECKPOINTING:
+                check.boolean(f"{path}.{knob}", value)
+            elif not (knob == LOGPROB and value is None):
+                check.integer(f"{path}.{knob}", value, 1)
+            values[knob] = value
+        if len(check.errors) == before and space is not None:
+            if values[LOGPROB] is None and space.knob(LOGPROB).kind == POW2:
+                values[LOGPROB] = values[MICRO]  # "same as micro", explicit as the space samples it
+            seeds.append(SeedConfig(str(name), ProbeConfig(**values, **space.fixed_fields)))
+    return seeds
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _form(name: str, unit: int) -> str:
+    if name in UNIT_KNOBS:
+        return f"gpus×rollout_n×2^k = {unit}×2^k"
+    return "a power of two"
+
+
+def _near(value: int, unit: int) -> str:
+    """The values of the form unit·2^k around `value`, for a hint."""
+    low = unit
+    while low * 2 <= value:
+        low *= 2
+    return f"{low} or {low * 2}" if value > unit else str(unit)
+
+
+def _show(value: Any) -> str:
+    """A value as the YAML file spells it, shortened."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value if value.strip() else repr(value)
+    if isinstance(value, (dict, list)):
+        text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1_000_000).strip()
+    else:
+        text = str(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,62 @@
+"""How much of a probe's wall time is spent outside the measured iterations (tiny-llama on CPU).
+
+    python bench/probe_overhead.py [--iterations 2] [--repeats 2]
+
+Start-up (interpreter, imports, process group, model build) and the warm-up iteration are the price of
+isolating each probe in its own process; the tuner pays it on every trial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from autotune.knobs import ProbeConfig
+from autotune.launcher import ProbeSettings, run_probe
+
+CONFIGS = {
+    "issue example (T16 R8 m4 g2, 32+16 tokens)": ProbeConfig(
+        train_batch_size=16,
+        rollout_batch_size=8,
+        micro_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_prompt_length=32,
+        max_response_length=16,
+    ),
+    "cpu-tiny mid-space (T32 R16 m4 g2, 32+32 tokens)": ProbeConfig(
+        train_batch_size=32,
+        rollout_batch_size=16,
+        micro_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_prompt_length=32,
+        max_response_length=32,
+    ),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--iterations", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    print(f"{'config':52} {'wall s':>7} {'startup':>8} {'warmup':>7} {'measured':>9} {'outside %':>9}")
+    for name, config in CONFIGS.items():
+        shares = []
+        for _ in range(args.repeats):
+            result = run_probe(
+                config, ProbeSettings(model="tiny-llama", device="cpu", iterations=args.iterations)
+            )
+            assert result.status == "ok", result.message + result.stderr_tail
+            outside = 1 - result.measured_seconds / result.wall_seconds
+            shares.append(outside)
+            print(
+                f"{name:52} {result.wall_seconds:7.2f} {result.startup_seconds:8.2f} "
+                f"{result.warmup_seconds:7.2f} {result.measured_seconds:9.2f} {outside:9.1%}"
+            )
+        print(f"{'':52} median share outside the measured iterations: {statistics.median(shares):.1%}")
+
+
+if __name__ == "__main__":
+    main()

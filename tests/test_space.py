@@ -1,0 +1,357 @@
+"""Search spaces: every shipped file loads, every sample is valid by construction, mistakes are all listed."""
+
+import dataclasses
+import itertools
+from importlib import resources
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import FixedTrial
+
+from autotune.errors import UserError
+from autotune.knobs import ProbeConfig, violations
+from autotune.space import (
+    SpaceError,
+    at_least_as_large,
+    config_to_params,
+    load_space,
+    misfits,
+    sample_config,
+    shipped_spaces,
+    space_from_dict,
+)
+
+DATA = Path(__file__).resolve().parent / "data"
+MANY_CORES = 64  # the seed's scenarios run on servers with many cores; this machine may have two
+SHIPPED = shipped_spaces()
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def is_registry_model(name: str) -> bool:
+    """A registry name (autotune.registry ships one config.json per name; importing it costs seconds)."""
+    return resources.files("autotune.model_configs").joinpath(f"{name}.json").is_file()
+
+
+def tiny_space(cores: int = 2, **changes):
+    """A small valid space as a dict; `changes` replace top-level keys or, as `knobs`, update the knobs."""
+    data = {
+        "model": "tiny-llama",
+        "gpus": 1,
+        "knobs": {
+            "train_batch_size": {"min": 8, "max": 64},
+            "rollout_batch_size": {"min": 4, "max": 32},
+            "micro_batch_size": {"min": 1, "max": 16},
+            "gradient_accumulation_steps": {"min": 1, "max": 4},
+            "num_rollout_workers": {"min": 1, "max": 2},
+            "max_prompt_length": 16,
+            "max_response_length": {"choices": [8, 16]},
+        },
+    }
+    knobs = changes.pop("knobs", {})
+    data.update(changes)
+    data["knobs"].update(knobs)
+    return space_from_dict(data, source="test.yaml", cores=cores)
+
+
+def brute_force(space) -> set[ProbeConfig]:
+    """Every combination of every knob's values that violates no invariant: what grid() must equal."""
+    names = [k.name for k in space.knobs]
+    found = set()
+    for combo in itertools.product(*(k.values(space.cores) for k in space.knobs)):
+        config = ProbeConfig(**dict(zip(names, combo, strict=True)), **space.fixed_fields)
+        if not violations(config, space.gpus, space.cores):
+            found.add(config)
+    return found
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_space_loads_and_its_seed_configs_fit(name):
+    space = load_space(name, cores=MANY_CORES)
+    assert is_registry_model(space.model)
+    assert space.reward_model == "function" or is_registry_model(space.reward_model)
+    assert space.seed_configs, f"{name} has no hand-made seed config"
+    for seed in space.seed_configs:
+        assert violations(seed.config, space.gpus, MANY_CORES) == [], seed.name
+        params = config_to_params(space, seed.config)
+        assert params is not None, misfits(space, seed.config)
+        # enqueued, the study's next trial samples exactly the hand-made config
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        study.enqueue_trial(params)
+        assert sample_config(space, study.ask()) == seed.config
+
+
+def test_the_shipped_set():
+    assert {"default", "cpu-tiny"} <= set(SHIPPED)
+    assert sum(name.startswith("seed-") for name in SHIPPED) == 3
+
+
+def test_cpu_tiny_fits_this_machine_and_its_budget_is_set():
+    space = load_space("cpu-tiny")  # this machine's cores
+    assert space.memory_budget_gib is not None
+    assert all(config_to_params(space, seed.config) is not None for seed in space.seed_configs)
+    assert space.size() == len(space.grid())
+
+
+def test_a_seed_config_with_more_workers_than_cores_does_not_fit():
+    space = load_space("seed-4xa100-40g-13b-fsdp", cores=2)
+    seed = space.seed_configs[0].config
+    assert seed.num_rollout_workers == 6
+    assert config_to_params(space, seed) is None
+    assert misfits(space, seed) == ["num_rollout_workers=6: exceeds the 2 physical cores here"]
+
+
+def test_invalid_space_lists_every_mistake():
+    path = DATA / "invalid_space.yaml"
+    with pytest.raises(SpaceError) as info:
+        load_space(str(path))
+    lines = str(info.value).splitlines()
+    assert lines == info.value.errors
+    assert all(line.startswith(f"{path}: ") for line in lines)
+    expected = [
+        "optimizer=adamw: unknown key",
+        "gpus=two: must be a whole number",
+        "memory_budget_gib=-1: must be a number > 0",
+        "headroom=1.5: must be a number >= 0 and < 1",
+        "rollout_n=1: GRPO",
+        "lora.enabled=maybe: must be true or false",
+        "probe.retries=3: unknown key",
+        "probe.iterations=0: must be a whole number >= 1",
+        "knobs.micro_batch_sise=4: unknown key (did you mean micro_batch_size?)",
+        "knobs.train_batch_size.min=64: exceeds train_batch_size.max=16",
+        "knobs.rollout_batch_size.step=8: unknown key",
+        "knobs.micro_batch_size.choices=[1, 2, 4]: unknown key",
+        "knobs.gradient_accumulation_steps=3: must be a power of two, e.g. 2 or 4",
+        "knobs.max_prompt_length=0: must be a whole number >= 1",
+        "knobs.max_response_length.choices=[]: must be a non-empty list",
+        "knobs.gradient_checkpointing.choices[1]=yes please: must be true or false",
+        "seed_configs[0].algorithm=ppo: unknown key",
+        "seed_configs[0].micro_batch_size: missing",
+    ]
+    for fragment in expected:
+        assert sum(fragment in line for line in lines) == 1, (fragment, lines)
+    assert len(lines) == len(expected) + 4  # and the seed's other four missing knobs
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_random_samples_are_valid_and_round_trip(name):
+    space = load_space(name)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(300):
+        trial = study.ask()
+        config = sample_config(space, trial)
+        assert violations(config, space.gpus, space.cores) == [], config
+        params = config_to_params(space, config)
+        assert params == trial.params
+        assert sample_config(space, FixedTrial(params)) == config
+        study.tell(trial, 0.0)
+
+
+def test_grpo_on_two_gpus_samples_whole_groups():
+    space = tiny_space(
+        gpus=2,
+        algorithm="grpo",
+        rollout_n=4,
+        knobs={"train_batch_size": {"min": 8, "max": 256}, "rollout_batch_size": {"min": 8, "max": 64}},
+    )
+    assert space.unit == 8
+    assert space.knob("train_batch_size").values() == (8, 16, 32, 64, 128, 256)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
+    for _ in range(200):
+        config = sample_config(space, study.ask())
+        assert violations(config, 2, space.cores) == []
+        assert config.rollout_n == 4 and config.algorithm == "grpo"
+    assert set(space.grid()) == brute_force(space)
+
+
+def test_grid_is_unique_valid_and_complete():
+    for space in (
+        load_space("cpu-tiny"),
+        tiny_space(knobs={"log_prob_micro_batch_size": {"min": 2, "max": 32}}),
+    ):
+        grid = space.grid()
+        assert len(grid) == len(set(grid)) == space.size()
+        assert all(violations(c, space.gpus, space.cores) == [] for c in grid)
+        assert set(grid) == brute_force(space)
+
+
+def test_config_to_params_round_trips_through_fixed_trial():
+    space = tiny_space(knobs={"log_prob_micro_batch_size": {"min": 2, "max": 32}})
+    for config in space.grid():
+        params = config_to_params(space, config)
+        assert params is not None
+        assert sample_config(space, FixedTrial(params)) == config
+    # "same as micro" fits a space that searches the log-prob micro batch, and becomes explicit
+    config = dataclasses.replace(space.grid()[-1], micro_batch_size=4, log_prob_micro_batch_size=None)
+    params = config_to_params(space, config)
+    assert sample_config(space, FixedTrial(params)).log_prob_micro_batch_size == 4
+
+
+def test_config_to_params_says_why_a_config_does_not_fit():
+    space = tiny_space()
+    config = ProbeConfig(
+        train_batch_size=48,  # not 2^k
+        rollout_batch_size=8,
+        micro_batch_size=32,  # above the range
+        gradient_accumulation_steps=1,
+        max_prompt_length=16,
+        max_response_length=12,  # not a choice
+        algorithm="grpo",
+        rollout_n=2,
+    )
+    assert config_to_params(space, config) is None
+    reasons = misfits(space, config)
+    assert "train_batch_size=48: not gpus×rollout_n×2^k = 1×2^k" in reasons
+    assert "max_response_length=12: not one of [8, 16]" in reasons
+    assert "algorithm=grpo: the space fixes algorithm=ppo" in reasons
+    ok = dataclasses.replace(config, train_batch_size=64, max_response_length=8, algorithm="ppo", rollout_n=1)
+    assert misfits(space, ok) == [
+        "micro_batch_size=32: outside 1..16, the space's range given the knobs before it"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("top", "knobs", "message"),
+    [
+        (
+            {},
+            {"micro_batch_size": {"min": 16, "max": 32}, "gradient_accumulation_steps": {"min": 4, "max": 4}},
+            "micro_batch_size.min×gradient_accumulation_steps.min×gpus=16×4×1=64: exceeds "
+            "train_batch_size.max=32",
+        ),
+        (
+            {"gpus": 3},  # T = 3×2^k <= 33: at most 24
+            {"micro_batch_size": 8, "gradient_accumulation_steps": 2, "rollout_batch_size": 3},
+            "micro_batch_size.min×gradient_accumulation_steps.min×gpus=8×2×3=48: exceeds "
+            "train_batch_size.max=24",
+        ),
+        (
+            {"rollout_n": 3},  # T = 3×2^k: 16 divides none of 3, 6, 12, 24
+            {"micro_batch_size": 16, "rollout_batch_size": 3},
+            "micro_batch_size.min×gradient_accumulation_steps.min×gpus=16×1×1=16: divides no "
+            "train_batch_size up to train_batch_size.max=24",
+        ),
+        (
+            {},
+            {"rollout_batch_size": {"min": 64, "max": 64}},
+            "rollout_batch_size.min=64: exceeds train_batch_size.max=32",
+        ),
+        (
+            {},
+            {"log_prob_micro_batch_size": 64},
+            "log_prob_micro_batch_size.min=64: exceeds the per-GPU share train_batch_size.max/gpus=32",
+        ),
+    ],
+)
+def test_a_space_without_any_valid_configuration_names_the_conflict(top, knobs, message):
+    with pytest.raises(SpaceError) as info:
+        tiny_space(**top, knobs={"train_batch_size": {"min": 1, "max": 33}, **knobs})
+    assert len(info.value.errors) == 1, info.value.errors
+    assert info.value.errors[0].startswith(f"test.yaml: {message}: ")
+
+
+def test_ranges_are_rounded_inward_to_the_unit_times_a_power_of_two():
+    space = tiny_space(gpus=2, knobs={"train_batch_size": {"min": 20, "max": 100}})
+    assert space.knob("train_batch_size").values() == (32, 64)
+    assert space.knob("rollout_batch_size").values() == (4, 8, 16, 32)
+    with pytest.raises(
+        SpaceError, match=r"knobs.train_batch_size=\{min: 50, max: 90\}: no value of the form"
+    ):
+        tiny_space(gpus=3, knobs={"train_batch_size": {"min": 50, "max": 90}})
+
+
+def test_workers_are_clipped_to_the_cores_and_a_minimum_above_them_is_an_error():
+    space = tiny_space(cores=1, knobs={"num_rollout_workers": {"min": 1, "max": 8}})
+    assert {c.num_rollout_workers for c in space.grid()} == {1}
+    space = tiny_space(cores=3, knobs={"num_rollout_workers": {"min": 1, "max": 8}})
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    assert {sample_config(space, study.ask()).num_rollout_workers for _ in range(60)} == {1, 2, 3}
+    with pytest.raises(SpaceError, match=r"num_rollout_workers\.min=4: exceeds the 2 physical cores"):
+        tiny_space(cores=2, knobs={"num_rollout_workers": {"min": 4, "max": 8}})
+
+
+def test_lengths_ranges_are_powers_of_two_or_linear_with_a_step():
+    space = tiny_space(
+        knobs={
+            "max_prompt_length": {"min": 10, "max": 64},
+            "max_response_length": {"min": 8, "max": 24, "step": 8},
+        }
+    )
+    assert space.knob("max_prompt_length").values() == (16, 32, 64)
+    assert space.knob("max_response_length").values() == (8, 16, 24)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=4))
+    trial = study.ask()
+    sample_config(space, trial)
+    assert {"log2_max_prompt_length", "max_response_length"} <= set(trial.params)
+
+
+def test_unknown_space_name_lists_the_shipped_ones(tmp_path):
+    with pytest.raises(
+        UserError, match="unknown search space 'cpu-tiyn' \\(did you mean 'cpu-tiny'\\?\\)"
+    ) as info:
+        load_space("cpu-tiyn")
+    assert all(name in str(info.value) for name in SHIPPED)
+    with pytest.raises(UserError, match="does not exist"):
+        load_space(str(tmp_path / "nope.yaml"))
+
+
+def test_a_yaml_syntax_error_is_one_line_with_file_and_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("model: tiny-llama\nknobs: {train_batch_size: [1, 2}\n", encoding="utf-8")
+    with pytest.raises(SpaceError) as info:
+        load_space(str(path))
+    assert len(info.value.errors) == 1
+    assert str(info.value).startswith(f"{path}: line 2, column ")
+    with pytest.raises(SpaceError, match="a search space is a mapping"):
+        space_from_dict(["a", "list"])
+
+
+def test_with_settings_rechecks_the_space():
+    space = load_space("cpu-tiny")
+    two = space.with_settings(gpus=2)
+    assert two.unit == 2 and two.knob("micro_batch_size") == space.knob("micro_batch_size")
+    assert all(violations(c, 2, two.cores) == [] for c in two.grid())
+    with pytest.raises(SpaceError, match="gpus=0: must be a whole number >= 1"):
+        space.with_settings(gpus=0)
+
+
+def test_dynamic_ranges_work_with_the_study_samplers():
+    """TPE and NSGA-II (two objectives, as the study) accept the clipped integer ranges and stay valid."""
+    space = load_space("cpu-tiny")
+    for sampler in (
+        optuna.samplers.TPESampler(seed=0, n_startup_trials=5, multivariate=True),
+        optuna.samplers.NSGAIISampler(seed=0, population_size=6),
+    ):
+        study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+        for _ in range(15):
+            trial = study.ask()
+            config = sample_config(space, trial)
+            assert violations(config, space.gpus, space.cores) == []
+            study.tell(trial, [float(config.train_batch_size), float(config.micro_batch_size)])
+
+
+def test_at_least_as_large_orders_configs_by_memory():
+    small = ProbeConfig(
+        micro_batch_size=2, rollout_batch_size=8, max_response_length=16, gradient_checkpointing=True
+    )
+    big = dataclasses.replace(small, micro_batch_size=4, max_response_length=32, gradient_checkpointing=False)
+    assert at_least_as_large(big, small) and not at_least_as_large(small, big)
+    assert at_least_as_large(small, small)
+    # T, g and the workers change time, not the peak
+    assert at_least_as_large(
+        dataclasses.replace(big, train_batch_size=8, gradient_accumulation_steps=1), small
+    )
+    # checkpointing needs less memory: a checkpointing config is never larger than one that does not
+    assert not at_least_as_large(
+        dataclasses.replace(big, gradient_checkpointing=True),
+        small.__class__(**{**small.to_dict(), "gradient_checkpointing": False}),
+    )
+    # the effective log-prob micro batch counts: None means micro
+    assert not at_least_as_large(big, dataclasses.replace(small, log_prob_micro_batch_size=8))
+    # different algorithm, rollout_n or LoRA rank: not comparable
+    for change in ({"algorithm": "grpo", "rollout_n": 2}, {"use_lora": True}):
+        assert not at_least_as_large(dataclasses.replace(big, **change), small)
+    lora_small, lora_big = (dataclasses.replace(c, use_lora=True) for c in (small, big))
+    assert at_least_as_large(lora_big, lora_small)
+    assert not at_least_as_large(dataclasses.replace(lora_big, lora_r=64), lora_small)

@@ -1,0 +1,142 @@
+"""The study's decisions, with a stand-in probe function (the real probe is tested end to end)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import optuna
+import pytest
+
+from autotune.errors import UserError
+from autotune.launcher import ProbeSettings
+from autotune.memory_model import Architecture, MemoryModel
+from autotune.registry import resolve_model
+from autotune.result import GIB, ProbeResult
+from autotune.space import load_space
+from autotune.study import (
+    Budget,
+    Tuner,
+    best_feasible,
+    enqueue_seed_configs,
+    finished_trials,
+    open_study,
+    recover_stale_trials,
+    redact,
+    status_counts,
+)
+
+BUDGET = Budget(int(0.70 * GIB), 0.10)
+
+
+class FakeProbe:
+    """Peak grows with micro batch × response length; speed with micro batch. Records what it launched."""
+
+    def __init__(self, oom_above: float = 0.70):
+        self.launched = []
+        self.oom_above = oom_above
+
+    def __call__(self, config, settings, cancel=None):
+        self.launched.append(config)
+        peak = int((0.5 + 0.0002 * config.micro_batch_size * config.max_response_length) * GIB)
+        if peak > self.oom_above * GIB:
+            return ProbeResult(status="oom", oom_kind="emulated", peak_memory_bytes=peak)
+        return ProbeResult(
+            status="ok", samples_per_sec=float(config.micro_batch_size), peak_memory_bytes=peak
+        )
+
+
+def make_tuner(tmp_path, probe, seed=0, storage=None):
+    space = load_space("cpu-tiny")
+    storage = storage or f"sqlite:///{tmp_path / 'study.db'}"
+    study = open_study(storage, "t", seed)
+    model = MemoryModel(Architecture.from_specs(resolve_model("tiny-llama")), 1, "cpu")
+    return Tuner(study, space, ProbeSettings(), BUDGET, model, probe=probe)
+
+
+def test_every_trial_has_a_status_and_ooms_teach_the_sampler(tmp_path):
+    probe = FakeProbe()
+    tuner = make_tuner(tmp_path, probe)
+    enqueue_seed_configs(tuner.study, tuner.space)
+    for _ in range(15):
+        tuner.step()
+    trials = tuner.study.get_trials()
+    assert all(t.user_attrs.get("status") for t in trials)
+    assert trials[0].user_attrs.get("seed_config")  # the hand-made config went first
+    ooms = [t for t in trials if t.user_attrs["status"] in ("oom", "inferred_oom", "predicted_oom")]
+    for trial in ooms:  # recorded COMPLETE, infeasible, with finite worst-case values
+        assert trial.state == optuna.trial.TrialState.COMPLETE
+        assert trial.values[0] == 0.0 and trial.constraints["memory"] > 0
+    best = best_feasible(tuner.study, BUDGET)
+    assert best is not None and best.values[1] <= BUDGET.limit
+
+
+def test_nothing_is_measured_twice(tmp_path):
+    probe = FakeProbe()
+    tuner = make_tuner(tmp_path, probe)
+    for _ in range(20):
+        tuner.step()
+    keys = [repr(c) for c in probe.launched]
+    assert len(keys) == len(set(keys))
+
+
+def test_dominance_rules_out_larger_configs_without_a_launch(tmp_path):
+    probe = FakeProbe(oom_above=0.6)
+    tuner = make_tuner(tmp_path, probe)
+    tuner.budget = Budget(4 * GIB, 0.1)  # the memory model predicts nothing above this: only a probe can tell
+    small = tuner.space.grid()[0]
+    big = dataclasses.replace(small, micro_batch_size=16, max_response_length=64)
+    bigger_train = dataclasses.replace(big, train_batch_size=64, gradient_accumulation_steps=1)
+    tuner.record(tuner.study.ask(), tuner.decide(big))
+    assert tuner.study.trials[-1].user_attrs["status"] == "oom"
+    outcome = tuner.decide(bigger_train)
+    assert outcome.status == "inferred_oom" and outcome.attrs["dominates_oom_trial"] == 0
+    assert len(probe.launched) == 1
+
+
+def test_predicted_oom_is_not_launched(tmp_path):
+    probe = FakeProbe()
+    tuner = make_tuner(tmp_path, probe)
+    tuner.budget = Budget(int(0.2 * GIB), 0.1)  # far below what the model predicts for anything
+    outcome = tuner.decide(tuner.space.grid()[-1])
+    assert outcome.status == "predicted_oom" and outcome.attrs["predicted_peak_bytes"] > 0.2 * GIB
+    assert probe.launched == []
+
+
+def test_stale_running_trial_is_failed_and_requeued_once(tmp_path):
+    tuner = make_tuner(tmp_path, FakeProbe())
+    trial = tuner.study.ask({"max_prompt_length": optuna.distributions.CategoricalDistribution([16, 32])})
+    trial.set_user_attr("host", __import__("socket").gethostname())
+    trial.set_user_attr("tuner_pid", 2**22 + 12345)  # no such process
+    assert recover_stale_trials(tuner.study) == [0]
+    first = tuner.study.trials[0]
+    assert first.state == optuna.trial.TrialState.FAIL and first.user_attrs["status"] == "interrupted"
+    retry = tuner.study.ask()
+    assert retry.user_attrs["retry_of"] == 0
+    assert retry.suggest_categorical("max_prompt_length", [16, 32]) == first.params["max_prompt_length"]
+
+
+def test_study_with_other_directions_is_refused(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'other.db'}"
+    optuna.create_study(storage=storage, study_name="s", directions=["minimize", "minimize"])
+    with pytest.raises(UserError, match="not \\[maximize, minimize\\]"):
+        open_study(storage, "s", 0)
+
+
+def test_unopenable_storage_is_a_user_error():
+    with pytest.raises(UserError, match="--storage"):
+        open_study("nosuchdb://user:secret@host/db", "s", 0)
+
+
+def test_password_is_redacted():
+    assert redact("postgresql://tuner:s3cret@db:5432/optuna") == "postgresql://tuner:***@db:5432/optuna"
+    assert redact("sqlite:///x.db") == "sqlite:///x.db"
+
+
+def test_status_counts_and_resume_keep_every_trial(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'resume.db'}"
+    tuner = make_tuner(tmp_path, FakeProbe(), storage=storage)
+    for _ in range(4):
+        tuner.step()
+    again = make_tuner(tmp_path, FakeProbe(), storage=storage)
+    assert len(finished_trials(again.study)) == 4
+    assert sum(status_counts(again.study).values()) == 4
