@@ -171,6 +171,31 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     run.set_defaults(handler=_cmd_run)
 
+    report = sub.add_parser(
+        "report",
+        help="write the report of a study (finished or still running)",
+        description="Select the Pareto-best configuration of a study and write best_config.yaml, "
+        "verl_overrides.txt, trials.csv, report.md and report.html into <out>/<study>/. "
+        "Exit 0 when a feasible configuration was written, 1 when none is feasible.",
+    )
+    report.add_argument("--study", required=True, help="study name")
+    report.add_argument("--storage", help="Optuna storage URL (default: sqlite in <out>/<study>/study.db)")
+    report.add_argument("--out", type=Path, default=Path("reports"), help="output folder (default: reports)")
+    report.add_argument(
+        "--memory-budget",
+        type=_positive_float,
+        metavar="GIB",
+        help="judge feasibility against this budget instead of the study's",
+    )
+    report.add_argument(
+        "--confirm",
+        action="store_true",
+        help="re-probe the winner with more iterations first; if it fails, take the next one",
+    )
+    report.add_argument("--confirm-iterations", type=_positive_int, default=6)
+    report.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    report.set_defaults(handler=_cmd_report)
+
     models = sub.add_parser("models", help="list the registry's model names with parameter counts")
     models.add_argument("--json", action="store_true")
     models.set_defaults(handler=_cmd_models)
@@ -253,6 +278,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
         trust_remote_code=args.trust_remote_code,
     )
     return run_study(options)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from autotune.report_cli import ReportOptions, report_study
+
+    return report_study(
+        ReportOptions(
+            study=args.study,
+            storage=args.storage,
+            out=args.out,
+            memory_budget_gib=args.memory_budget,
+            confirm=args.confirm,
+            confirm_iterations=args.confirm_iterations,
+            device=args.device,
+        )
+    )
 
 
 def _cmd_models(args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ PRIORS: dict[str, tuple[float, float]] = {"cpu": (0.45 * GIB, 1.0), "cuda": (0.7
 PRIOR_STRENGTH = 0.3  # how firmly a calibration keeps the prior factor (see fit_constant_and_factor)
 FACTOR_RANGE = (0.5, 3.0)
 HEAP_LIMIT = 32 * 2**20  # glibc's largest mmap threshold on 64-bit: smaller freed blocks stay resident
+HEAP_ROWS = 8  # logit rows the CPU heap keeps beyond one per sample (see _training_logits)
 ADAM_MOMENTS = 2  # AdamW: exp_avg and exp_avg_sq, fp32 like the parameters
 
 
@@ -271,11 +272,13 @@ def _training_logits(arch: Architecture, config: ProbeConfig, p: _Precision) -> 
     `.float()` copy — the bf16 logits die with `response_log_probs`), the gradient accumulating over the
     rows, and the next row's full-size `select_backward` gradient (measured on CPU: 2.98 copies), plus two
     row temporaries. On CPU, when a row (Lr × V × 4 B) is small enough for the heap, glibc keeps the freed
-    row temporaries resident: about one more full copy (measured 3.6–4.9 copies).
+    row temporaries resident: measured in isolation 7–14 rows more at m=4, 19–30 at m=16, 32–56 at m=32,
+    i.e. about m + HEAP_ROWS rows (the m rows' gradients and the fragments around them).
     """
     full = _logit_elements(config.micro_batch_size, config, arch) * 4
     row = _logit_row_bytes(config, arch)
-    return 3 * full + (full if _on_heap(p, row) else 2 * row)
+    kept = (config.micro_batch_size + HEAP_ROWS) * row if _on_heap(p, row) else 2 * row
+    return 3 * full + kept
 
 
 def _forward_logits(arch: Architecture, config: ProbeConfig, p: _Precision, rows: int) -> int:

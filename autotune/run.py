@@ -225,6 +225,7 @@ def prepare(options: RunOptions, console: Console):
 
 
 def run_study(options: RunOptions, console: Console | None = None) -> int:
+    from autotune.report import remember_context
     from autotune.study import memory_model_error
 
     console = console or Console()
@@ -239,6 +240,7 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
         ) from None
     storage = options.storage or f"sqlite:///{(out_dir / 'study.db').resolve()}"
     study = open_study(storage, study_name, options.seed)
+    remember_context(study, space, budget)
     recovered = recover_stale_trials(study)
     resumed = len(finished_trials(study))
     console.print(start_message(options, study_name, storage, budget, resumed))
@@ -271,9 +273,12 @@ def print_summary(tuner: Tuner, console: Console, error: float | None, count: in
 
 
 def finish(tuner: Tuner, out_dir: Path, console: Console) -> int:
-    """Write the report when the reporter is there; until then print the best configuration."""
+    """Print the best configuration and write the report (the same code as `autotune report`)."""
+    from autotune.report import write_report
     from autotune.report_console import print_best
 
-    best = best_feasible(tuner.study, tuner.budget)
-    print_best(best, tuner.budget, console)
-    return 0 if best is not None else 1
+    print_best(best_feasible(tuner.study, tuner.budget), tuner.budget, console)
+    result = write_report(tuner.study, out_dir, tuner.budget, space=tuner.space)
+    for line in result.messages:
+        console.print(line, markup=False, highlight=False)
+    return result.exit_code

@@ -140,3 +140,58 @@ def test_sigkill_mid_run_then_resume(tmp_path):
     assert len(interrupted) == 1 and interrupted[0].state.name == "FAIL"
     retried = [t for t in after.trials if t.user_attrs.get("retry_of") == interrupted[0].number]
     assert len(retried) == 1
+
+
+def test_bad_input_to_run_is_one_line_per_problem_and_exit_2(tmp_path):
+    other = tmp_path / "other.db"
+    optuna.create_study(storage=f"sqlite:///{other}", study_name="taken", directions=["minimize"])
+    cases = [
+        (["--space", "no-such-space"], "no-such-space", 1),
+        (["--space", str(REPO / "tests" / "data" / "invalid_space.yaml")], "invalid_space.yaml", None),
+        (["--space", "cpu-tiny", "--storage", "nosuchdb://u:hunter2@h/db"], "--storage", 1),
+        (["--space", "cpu-tiny", "--storage", f"sqlite:///{other}", "--study", "taken"], "taken", 1),
+        (["--space", "cpu-tiny", "--model", "llama-2-13b", "--memory-budget", "8"], "--memory-budget 8", 1),
+        (["--space", "cpu-tiny", "--time-budget", "soon"], "--time-budget", 1),
+    ]
+    for args, fragment, lines in cases:
+        proc = run_cli("run", "--device", "cpu", "--out", str(tmp_path), *args, timeout=120)
+        assert proc.returncode == 2, (args, proc.stdout[-1000:], proc.stderr[-2000:])
+        errors = proc.stderr.strip().splitlines()
+        assert "Traceback" not in proc.stderr and fragment in proc.stderr, (args, proc.stderr)
+        assert "hunter2" not in proc.stderr + proc.stdout
+        if lines is not None:
+            assert len(errors) == lines, (args, proc.stderr)
+        else:
+            assert len(errors) >= 5  # every mistake in the file, one line each
+    assert optuna.load_study(study_name="taken", storage=f"sqlite:///{other}").directions  # untouched
+
+
+def test_ctrl_c_finishes_the_running_probe_then_stops(tmp_path):
+    name = "interrupted"
+    command = [
+        sys.executable,
+        "-m",
+        "autotune",
+        "run",
+        "--space",
+        "cpu-tiny",
+        "--trials",
+        "5",
+        "--out",
+        str(tmp_path),
+        "--study",
+        name,
+        "--device",
+        "cpu",
+    ]
+    tuner = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait_for(lambda: "RUNNING" in _states(tmp_path, name), 300)
+        tuner.send_signal(signal.SIGINT)
+        stdout, _ = tuner.communicate(timeout=300)
+    finally:
+        if tuner.poll() is None:
+            tuner.kill()
+    assert "finishing the running probe" in stdout and "stopped by Ctrl-C" in stdout
+    states = _states(tmp_path, name)
+    assert states == ["COMPLETE"]  # the running probe finished and was recorded; nothing else started

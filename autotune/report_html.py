@@ -1,0 +1,394 @@
+"""`report.html`: one self-contained page — inline CSS, inline SVG plots (matplotlib), no scripts, no fonts,
+no external resource — so it opens offline, in a browser or attached to a ticket.
+
+Plots: the Pareto front (samples/sec against peak memory: every complete trial, the front, the chosen point,
+OOM and pruned points, the budget), peak memory against micro batch size, seconds per phase for the front's
+configs, and the memory model's predictions against the measurements.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import re
+from typing import TYPE_CHECKING
+
+import matplotlib
+from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
+
+from autotune.report_md import (
+    Table,
+    closest_table,
+    cost_table,
+    front_table,
+    gains_table,
+    gib,
+    headline,
+    memory_model_table,
+    model_error_line,
+    recommendation_table,
+    status_of,
+    verl_lines,
+)
+from autotune.result import GIB
+from autotune.study import trial_config
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+    from autotune.report import ReportData
+
+# status -> (label, colour, marker, filled)
+STYLES = {
+    "ok": ("ok", "#1f77b4", "o", True),
+    "over_limit": ("ok, above budget − headroom", "#bcbd22", "o", True),
+    "oom": ("measured OOM", "#d62728", "X", True),
+    "predicted_oom": ("predicted OOM (not launched)", "#ff7f0e", "v", False),
+    "inferred_oom": ("dominates an OOM (not launched)", "#8c564b", "^", False),
+    "timeout": ("timeout", "#9467bd", "s", True),
+}
+PHASE_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
+FIGSIZE = (7.5, 4.2)
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto;
+       max-width: 1100px; padding: 0 1em; color: #222; line-height: 1.45; }
+h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 1.8em; }
+table { border-collapse: collapse; margin: .8em 0; font-size: .92em; }
+th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: left; }
+th { background: #f3f3f3; } tr.chosen td { background: #fff3cd; font-weight: 600; }
+.meta { color: #555; } .verdict { font-size: 1.15em; } .bad { color: #b00020; font-weight: 600; }
+pre { background: #f6f8fa; padding: .8em; overflow-x: auto; }
+figure { margin: 1em 0; } figure svg { max-width: 100%; height: auto; }
+figcaption { color: #555; font-size: .9em; }
+"""
+
+
+# --- figures ------------------------------------------------------------------------------------------------
+
+
+def _svg(fig: Figure, name: str) -> str:
+    """The figure as an inline <svg> element: no XML prolog, ids unique to this figure, text kept as text."""
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": name}):
+        fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
+    text = buffer.getvalue()
+    text = text[text.index("<svg") :]
+    return re.sub(r"<svg ", f'<svg role="img" aria-label="{html.escape(name)}" ', text, count=1)
+
+
+def _new_figure() -> tuple[Figure, object]:
+    fig = Figure(figsize=FIGSIZE)
+    return fig, fig.add_subplot()
+
+
+def _empty(ax, message: str) -> None:
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, color="#666")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _style_key(trial: FrozenTrial, limit: float) -> str | None:
+    status = status_of(trial)
+    if status == "ok":
+        return "ok" if trial.values[1] <= limit else "over_limit"
+    return status if status in STYLES else None
+
+
+def _budget_lines(ax, report: ReportData, vertical: bool) -> None:
+    line = ax.axvline if vertical else ax.axhline
+    line(report.budget.bytes / GIB, color="#d62728", lw=1.2, label="memory budget")
+    line(
+        report.budget.limit / GIB,
+        color="#d62728",
+        lw=1.0,
+        ls="--",
+        label=f"budget − {report.budget.headroom:.0%} headroom",
+    )
+
+
+def _scatter_group(ax, xs: list[float], ys: list[float], key: str) -> None:
+    label, colour, marker, filled = STYLES[key]
+    ax.scatter(
+        xs,
+        ys,
+        s=36,
+        marker=marker,
+        label=label,
+        zorder=3,
+        alpha=0.85,
+        facecolors=colour if filled else "none",
+        edgecolors=colour,
+    )
+
+
+def pareto_figure(report: ReportData) -> Figure:
+    fig, ax = _new_figure()
+    trials = [t for t in report.complete if "duplicate_of" not in t.user_attrs]
+    if not trials:
+        _empty(ax, "no complete trial yet")
+        return fig
+    ok_peaks = [t.values[1] / GIB for t in trials if status_of(t) == "ok"]
+    x_max = max([report.budget.bytes / GIB * 1.4, *(p * 1.05 for p in ok_peaks)])
+    groups: dict[str, tuple[list[float], list[float]]] = {}
+    for trial in trials:
+        key = _style_key(trial, report.budget.limit)
+        if key is not None:
+            xs, ys = groups.setdefault(key, ([], []))
+            xs.append(min(trial.values[1] / GIB, x_max))  # far-off predictions sit on the right edge
+            ys.append(trial.values[0])
+    for key in STYLES:
+        if key in groups:
+            _scatter_group(ax, *groups[key], key)
+    front = sorted(report.selection.front, key=lambda t: t.values[1])
+    if front:
+        ax.step(
+            [t.values[1] / GIB for t in front],
+            [t.values[0] for t in front],
+            where="post",
+            color="#1f77b4",
+            lw=1.2,
+            label="Pareto front (feasible)",
+        )
+    chosen = report.selection.chosen
+    if chosen is not None:
+        ax.scatter(
+            [chosen.values[1] / GIB],
+            [chosen.values[0]],
+            s=260,
+            marker="*",
+            color="#ffbf00",
+            edgecolors="black",
+            zorder=5,
+            label=f"chosen: trial #{chosen.number}",
+        )
+    for gain in report.gains:
+        ax.annotate(
+            "hand-made",
+            (min(gain.trial.values[1] / GIB, x_max), gain.trial.values[0]),
+            textcoords="offset points",
+            xytext=(6, 6),
+            fontsize=8,
+            color="#444",
+        )
+    _budget_lines(ax, report, vertical=True)
+    ax.set_xlim(0, x_max * 1.02)
+    ax.set_xlabel("peak memory per GPU (GiB)")
+    ax.set_ylabel("samples / sec")
+    ax.set_title("Pareto front: throughput against peak memory")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    return fig
+
+
+def memory_micro_figure(report: ReportData) -> Figure:
+    fig, ax = _new_figure()
+    points: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
+    for trial in report.complete:
+        config, status = trial_config(trial), status_of(trial)
+        if config is None or status not in ("ok", "oom") or "duplicate_of" in trial.user_attrs:
+            continue
+        xs, ys = points.setdefault((status, config.max_response_length), ([], []))
+        xs.append(config.micro_batch_size)
+        ys.append(trial.values[1] / GIB)
+    if not points:
+        _empty(ax, "no measured probe yet")
+        return fig
+    lengths = sorted({length for _, length in points})
+    for (status, length), (xs, ys) in sorted(points.items()):
+        colour = PHASE_COLOURS[lengths.index(length) % len(PHASE_COLOURS)]
+        ok = status == "ok"
+        ax.scatter(
+            xs,
+            ys,
+            s=40 if ok else 60,
+            marker="o" if ok else "X",
+            color=colour,
+            alpha=0.85,
+            zorder=3,
+            label=f"Lr={length}" + ("" if ok else " (OOM)"),
+        )
+    _budget_lines(ax, report, vertical=False)
+    ax.set_xscale("log", base=2)
+    micros = sorted({x for xs, _ in points.values() for x in xs})
+    ax.set_xticks(micros, [str(m) for m in micros])
+    ax.set_xlabel("micro_batch_size (per GPU)")
+    ax.set_ylabel("peak memory per GPU (GiB)")
+    ax.set_title("Peak memory against micro batch size (measured probes)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    return fig
+
+
+def phases_figure(report: ReportData) -> Figure:
+    fig, ax = _new_figure()
+    front = [t for t in report.selection.front if (t.user_attrs.get("result") or {}).get("phase_seconds")][
+        :12
+    ]
+    if not front:
+        _empty(ax, "no feasible trial with phase timings")
+        return fig
+    phases: list[str] = []
+    for trial in front:
+        phases += [p for p in trial.user_attrs["result"]["phase_seconds"] if p not in phases]
+    labels = [_bar_label(t) for t in front]
+    left = [0.0] * len(front)
+    for i, phase in enumerate(phases):
+        widths = [float(t.user_attrs["result"]["phase_seconds"].get(phase, 0.0)) for t in front]
+        ax.barh(labels, widths, left=left, color=PHASE_COLOURS[i % len(PHASE_COLOURS)], label=phase)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.invert_yaxis()  # fastest config on top
+    ax.set_xlabel("seconds per iteration (mean of measured iterations)")
+    ax.set_title("Time per phase, Pareto-front configs")
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(alpha=0.3, axis="x")
+    return fig
+
+
+def _bar_label(trial: FrozenTrial) -> str:
+    c = trial_config(trial)
+    mark = "*" if trial.user_attrs.get("seed_config") else ""
+    if c is None:
+        return f"#{trial.number}{mark}"
+    return f"#{trial.number}{mark} T={c.train_batch_size} m={c.micro_batch_size} Lr={c.max_response_length}"
+
+
+def memory_model_figure(report: ReportData) -> Figure:
+    fig, ax = _new_figure()
+    calibrated: tuple[list[float], list[float]] = ([], [])
+    prior: tuple[list[float], list[float]] = ([], [])
+    for trial in report.complete:
+        attrs = trial.user_attrs
+        if status_of(trial) != "ok" or not attrs.get("predicted_peak_bytes") or "duplicate_of" in attrs:
+            continue
+        xs, ys = calibrated if attrs.get("calibration_points", 0) >= 1 else prior
+        xs.append(trial.values[1] / GIB)
+        ys.append(attrs["predicted_peak_bytes"] / GIB)
+    if not calibrated[0] and not prior[0]:
+        _empty(ax, "no prediction to compare with a measurement yet")
+        return fig
+    values = [*calibrated[0], *calibrated[1], *prior[0], *prior[1]]
+    low, high = min(values) * 0.9, max(values) * 1.1
+    ax.plot([low, high], [low, high], color="#888", lw=1, ls="--", label="prediction = measurement")
+    if prior[0]:
+        ax.scatter(*prior, s=36, color="#999999", label="prior (uncalibrated)", zorder=3)
+    if calibrated[0]:
+        ax.scatter(*calibrated, s=36, color="#1f77b4", label="calibrated on earlier probes", zorder=3)
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    ax.set_xlabel("measured peak (GiB)")
+    ax.set_ylabel("predicted peak before the probe (GiB)")
+    ax.set_title("Memory model: predicted against measured")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    return fig
+
+
+# --- HTML ---------------------------------------------------------------------------------------------------
+
+
+def html_table(table: Table, chosen_row: str | None = None, header: bool = True) -> str:
+    headers, rows = table
+    if not rows:
+        return "<p><em>(none)</em></p>"
+    head = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr>" if header else ""
+    body = []
+    for row in rows:
+        css = ' class="chosen"' if chosen_row and row and row[0].startswith(chosen_row) else ""
+        body.append(f"<tr{css}>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>")
+    return f"<table>{head}{''.join(body)}</table>"
+
+
+def _figure(svg: str, caption: str) -> str:
+    return f"<figure>{svg}<figcaption>{html.escape(caption)}</figcaption></figure>"
+
+
+def _section(anchor: str, title: str, body: str) -> str:
+    return f'<section id="{anchor}"><h2>{html.escape(title)}</h2>{body}</section>'
+
+
+def _recommendation(report: ReportData) -> str:
+    chosen = report.selection.chosen
+    if chosen is None:
+        tips = "".join(
+            f"<h3>Trial #{n}</h3><ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in tips) + "</ul>"
+            for n, tips in report.advice.items()
+        )
+        return (
+            f'<p class="verdict bad">No feasible configuration: no trial ran within '
+            f"{gib(report.budget.limit)} GiB per GPU.</p><p>The closest trials, and what to change:</p>"
+            f"{html_table(closest_table(report))}{tips}"
+        )
+    overrides = html.escape("\n".join(report.verl.lines())) if report.verl else ""
+    notes = "".join(f"<li>{html.escape(line)}</li>" for line in verl_lines(report))
+    return (
+        f'<p class="verdict">Trial #{chosen.number}: <strong>{chosen.values[0]:.3f} samples/s</strong> at '
+        f"<strong>{gib(chosen.values[1])} GiB</strong> peak per GPU.</p>"
+        f"{html_table(recommendation_table(report))}<h3>verl ({html.escape('verl_overrides.txt')})</h3>"
+        f"<pre>{overrides}</pre><ul>{notes}</ul>"
+    )
+
+
+def _gains(report: ReportData) -> str:
+    lead = "".join(
+        f"<p>The tuned config runs <strong>{g.ratio:.2f}x</strong> the samples/s of the hand-made "
+        f"config ‘{html.escape(g.name)}’.</p>"
+        for g in report.gains
+        if g.ratio
+    )
+    return lead + html_table(gains_table(report))
+
+
+def render_html(report: ReportData) -> str:
+    chosen = report.selection.chosen
+    chosen_row = f"#{chosen.number}" if chosen is not None else None
+    budget_caption = (
+        f"Solid red: the budget ({gib(report.budget.bytes)} GiB); dashed: budget less headroom "
+        f"({gib(report.budget.limit)} GiB), the feasibility limit."
+    )
+    sections = [
+        _section("recommendation", "Recommendation", _recommendation(report)),
+        _section(
+            "pareto",
+            "Pareto front",
+            _figure(
+                _svg(pareto_figure(report), "pareto-front"),
+                budget_caption + " Points beyond the right edge are clipped to it.",
+            )
+            + html_table(front_table(report), chosen_row),
+        ),
+        _section(
+            "memory-vs-micro",
+            "Peak memory against micro batch size",
+            _figure(_svg(memory_micro_figure(report), "memory-vs-micro"), budget_caption),
+        ),
+        _section(
+            "phases",
+            "Time per phase",
+            _figure(
+                _svg(phases_figure(report), "phases"),
+                "Mean seconds per iteration of each phase, for "
+                "the Pareto front's configs (* = a hand-made config).",
+            ),
+        ),
+        _section(
+            "memory-model",
+            "Memory model",
+            f"<p>{html.escape(model_error_line(report))}</p>"
+            + _figure(
+                _svg(memory_model_figure(report), "memory-model"),
+                "Each point: the peak the model "
+                "predicted before launching the probe, against the peak the probe measured.",
+            )
+            + html_table(memory_model_table(report)),
+        ),
+        _section("gains", "Gain over the hand-made configs", _gains(report)),
+        _section("cost", "Cost of the study", html_table(cost_table(report), header=False)),
+    ]
+    title = f"autotune report: {report.context.study_name}"
+    meta = "<br>".join(html.escape(line) for line in headline(report))
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<link rel="icon" href="data:,"><title>{html.escape(title)}</title><style>{CSS}</style></head>'
+        f'<body><h1>{html.escape(title)}</h1><p class="meta">{meta}</p>{"".join(sections)}</body></html>\n'
+    )

@@ -1,0 +1,296 @@
+"""A measured configuration as Hydra overrides for `python -m verl.trainer.main_ppo` (verl 0.9.1, DESIGN §7).
+
+    overrides = verl_overrides(config, n_gpus=2, model_path="meta-llama/Llama-2-7b-hf")
+    assert verl_rule_violations(overrides.values, n_gpus=2) == []
+    Path("verl_overrides.txt").write_text(format_overrides(overrides.values))
+
+Units. autotune counts *samples* (responses) in its global sizes; verl counts *prompts* in
+`data.train_batch_size`, `data.gen_batch_size` and `actor.ppo_mini_batch_size`, and multiplies them by
+`rollout.n` internally (ray_trainer.py: `ppo_mini_batch_size * rollout.n`). With T train samples, R rollout
+samples, m micro per GPU, g accumulation steps, W GPUs and n samples per prompt:
+
+    data.train_batch_size   B = T / n            prompts per step
+    data.gen_batch_size       = R / n            prompts fetched (and generated) per chunk
+    actor.ppo_mini_batch_size M = m·g·W / n      prompts per optimizer step: verl makes it M·n = m·g·W
+                                                 samples, M·n/W per GPU, in (M·n/W)/m = g micro-batches
+    e.g. T=512, R=128, m=32, g=4, W=2, n=1: B=512, gen=128, M=256 -> 2 optimizer steps of 32×4 per GPU.
+
+When m·g·W is not a multiple of n, no whole number of prompts gives exactly that mini-batch: it is rounded
+up to lcm(m·g·W, n) samples, which still divides T (T is a multiple of both); the micro batch, hence the
+memory, is unchanged, only the accumulation per optimizer step grows (said in the export's notes).
+
+Rules verl 0.9.1 enforces (utils/config.py validate_config, workers/config/{actor,critic}.py validate,
+engine_workers.py train_mini_batch, tensordict_utils.make_iterator, engine/utils.py micro-batching,
+protocol.DataProto.chunk for the agent-loop workers) are checked by the pure `verl_rule_violations`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.knobs import ProbeConfig, violations
+
+VERL_VERSION = "0.9.1"
+AR = "actor_rollout_ref"
+# verl's own defaults for the keys the rules read when an override leaves them out (ppo_trainer.yaml).
+VERL_DEFAULTS: dict[str, Any] = {
+    f"{AR}.rollout.n": 1,
+    f"{AR}.actor.use_dynamic_bsz": False,
+    f"{AR}.rollout.agent.num_workers": 8,
+    f"{AR}.rollout.tensor_model_parallel_size": 2,
+    "algorithm.adv_estimator": "gae",
+    "trainer.nnodes": 1,
+}
+ADV_ESTIMATORS = {"ppo": "gae", "grpo": "grpo"}
+VLLM_MAX_LORA_RANK = 512  # verl's get_vllm_max_lora_rank: vLLM's largest MaxLoRARanks value
+_PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_./:~+-]+$")  # a Hydra value that needs no quotes
+
+
+@dataclass
+class VerlOverrides:
+    values: dict[str, Any]  # key -> value, in the order they are written
+    notes: list[str] = field(default_factory=list)  # where the mapping had to adapt a value
+
+    def lines(self) -> list[str]:
+        return [f"{key}={format_value(value)}" for key, value in self.values.items()]
+
+
+def format_value(value: Any) -> str:
+    """A value in Hydra's override grammar."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    text = str(value)
+    if isinstance(value, (int, float)) or _PLAIN_VALUE.match(text):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def format_overrides(values: Mapping[str, Any]) -> str:
+    return "".join(f"{key}={format_value(value)}\n" for key, value in values.items())
+
+
+def parse_overrides(text: str) -> dict[str, Any]:
+    """Read `verl_overrides.txt` back (ints, booleans, null and strings; for checks and tests)."""
+    values: dict[str, Any] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        key, _, raw = line.partition("=")
+        values[key.strip()] = _parse_value(raw.strip())
+    return values
+
+
+def _parse_value(raw: str) -> Any:
+    if raw in ("true", "false"):
+        return raw == "true"
+    if raw == "null":
+        return None
+    if re.fullmatch(r"-?\d+", raw):
+        return int(raw)
+    if len(raw) >= 2 and raw[0] == raw[-1] == "'":
+        return raw[1:-1].replace("\\'", "'").replace("\\\\", "\\")
+    return raw
+
+
+def mini_batch_samples(config: ProbeConfig, n_gpus: int) -> int:
+    """Samples per optimizer step verl can express: m·g·W rounded up to a multiple of rollout_n."""
+    return math.lcm(config.micro_batch_size * config.gradient_accumulation_steps * n_gpus, config.rollout_n)
+
+
+def agent_workers(config: ProbeConfig) -> int:
+    """The largest divisor of the train batch (samples) not above num_rollout_workers (verl chunks evenly)."""
+    w, total = config.num_rollout_workers, config.train_batch_size
+    return max(d for d in range(1, max(1, w) + 1) if total % d == 0)
+
+
+def verl_overrides(config: ProbeConfig, n_gpus: int, model_path: str | None = None) -> VerlOverrides:
+    """verl 0.9.1 overrides for a measured config on one node of n_gpus GPUs (ValueError: invalid config)."""
+    problems = violations(config, n_gpus, cores=max(1, config.num_rollout_workers))
+    if problems:
+        raise ValueError(f"cannot export an invalid configuration for {n_gpus} GPU(s): {'; '.join(problems)}")
+    c, n = config, config.rollout_n
+    notes: list[str] = []
+    mini = mini_batch_samples(c, n_gpus)
+    if mini != c.micro_batch_size * c.gradient_accumulation_steps * n_gpus:
+        notes.append(
+            f"micro×accumulation×gpus={c.micro_batch_size}×{c.gradient_accumulation_steps}×{n_gpus} "
+            f"is not a whole number of prompts (rollout_n={n}): the optimizer step uses {mini} "
+            f"samples ({mini // (c.micro_batch_size * n_gpus)} micro-batches per GPU); "
+            f"memory is unchanged"
+        )
+    workers = agent_workers(c)
+    if workers != c.num_rollout_workers:
+        notes.append(
+            f"rollout.agent.num_workers={workers}: the largest divisor of the {c.train_batch_size} "
+            f"samples per step not above num_rollout_workers={c.num_rollout_workers}"
+        )
+    forward = c.forward_micro_batch_size
+    values: dict[str, Any] = {
+        "data.train_batch_size": c.train_batch_size // n,
+        "data.gen_batch_size": c.rollout_batch_size // n,
+        "data.max_prompt_length": c.max_prompt_length,
+        "data.max_response_length": c.max_response_length,
+        "data.dataloader_num_workers": c.num_rollout_workers,
+        f"{AR}.actor.ppo_mini_batch_size": mini // n,
+        f"{AR}.actor.ppo_micro_batch_size_per_gpu": c.micro_batch_size,
+        f"{AR}.rollout.log_prob_micro_batch_size_per_gpu": forward,
+        f"{AR}.ref.log_prob_micro_batch_size_per_gpu": forward,
+        f"{AR}.rollout.n": n,
+        # the probe generates on every GPU its own share (data parallel), so no tensor parallelism
+        f"{AR}.rollout.tensor_model_parallel_size": 1,
+        f"{AR}.rollout.agent.num_workers": workers,
+        f"{AR}.model.enable_gradient_checkpointing": c.gradient_checkpointing,
+    }
+    if c.use_lora:
+        values[f"{AR}.model.lora_rank"] = c.lora_r
+        values[f"{AR}.model.lora_alpha"] = c.lora_alpha
+    if model_path:
+        values[f"{AR}.model.path"] = model_path
+    if c.algorithm == "ppo":  # GAE needs the critic; GRPO has none
+        values["critic.ppo_micro_batch_size_per_gpu"] = c.micro_batch_size
+        values["critic.forward_micro_batch_size_per_gpu"] = forward
+        values["critic.model.enable_gradient_checkpointing"] = c.gradient_checkpointing
+        if model_path:
+            values["critic.model.path"] = model_path
+    values["algorithm.adv_estimator"] = ADV_ESTIMATORS[c.algorithm]
+    values["trainer.n_gpus_per_node"] = n_gpus
+    values["trainer.nnodes"] = 1
+    return VerlOverrides(values, notes)
+
+
+# --- verl's rules ----------------------------------------------------------------------------------------
+
+
+def _get(overrides: Mapping[str, Any], key: str) -> Any:
+    return overrides.get(key, VERL_DEFAULTS.get(key))
+
+
+def _positive_ints(overrides: Mapping[str, Any], keys: list[str]) -> list[str]:
+    errors = []
+    for key in keys:
+        value = _get(overrides, key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            errors.append(f"{key}={value}: must be a whole number >= 1")
+    return errors
+
+
+def verl_rule_violations(overrides: Mapping[str, Any], n_gpus: int) -> list[str]:
+    """Every rule of verl 0.9.1 the overrides break on one node of n_gpus GPUs; [] when verl accepts them.
+
+    N GPUs, B = data.train_batch_size, n = rollout.n, M = actor.ppo_mini_batch_size, m = micro per GPU.
+    """
+    actor, rollout, ref = f"{AR}.actor", f"{AR}.rollout", f"{AR}.ref"
+    critic_used = _get(overrides, "algorithm.adv_estimator") == "gae"
+    micro_keys = [
+        f"{actor}.ppo_micro_batch_size_per_gpu",
+        f"{rollout}.log_prob_micro_batch_size_per_gpu",
+        f"{ref}.log_prob_micro_batch_size_per_gpu",
+    ]
+    if critic_used:
+        micro_keys.append("critic.ppo_micro_batch_size_per_gpu")
+    sizes = [
+        "data.train_batch_size",
+        f"{actor}.ppo_mini_batch_size",
+        f"{rollout}.n",
+        "data.gen_batch_size",
+        f"{rollout}.agent.num_workers",
+        f"{rollout}.tensor_model_parallel_size",
+        "critic.forward_micro_batch_size_per_gpu",
+        *micro_keys,
+    ]
+    errors = _positive_ints(overrides, sizes)
+    if errors:  # the divisibility rules below need positive whole numbers
+        return errors
+    errors += _gpu_rules(overrides, n_gpus)
+    if not _get(overrides, f"{actor}.use_dynamic_bsz"):
+        errors += [
+            f"{key}: not set; verl requires every micro batch size unless use_dynamic_bsz is on"
+            for key in micro_keys
+            if _get(overrides, key) is None
+        ]
+    if "data.train_batch_size" in overrides:
+        errors += _batch_rules(overrides, n_gpus)
+    return errors
+
+
+def _gpu_rules(overrides: Mapping[str, Any], n_gpus: int) -> list[str]:
+    errors = []
+    per_node, nodes = overrides.get("trainer.n_gpus_per_node"), _get(overrides, "trainer.nnodes")
+    if per_node is not None and per_node * nodes != n_gpus:
+        errors.append(
+            f"trainer.n_gpus_per_node×trainer.nnodes={per_node}×{nodes}: must equal the {n_gpus} GPUs"
+        )
+    tp = _get(overrides, f"{AR}.rollout.tensor_model_parallel_size")
+    if n_gpus % tp:
+        errors.append(f"{AR}.rollout.tensor_model_parallel_size={tp}: must divide the {n_gpus} GPUs")
+    rank = overrides.get(f"{AR}.model.lora_rank")
+    if rank is not None and rank > VLLM_MAX_LORA_RANK:
+        errors.append(f"{AR}.model.lora_rank={rank}: vLLM allows at most {VLLM_MAX_LORA_RANK}")
+    n = _get(overrides, f"{AR}.rollout.n")
+    if _get(overrides, "algorithm.adv_estimator") == "grpo" and n < 2:
+        errors.append(f"{AR}.rollout.n={n}: GRPO needs >= 2 samples per prompt")
+    return errors
+
+
+def _batch_rules(overrides: Mapping[str, Any], n_gpus: int) -> list[str]:
+    N, B = n_gpus, overrides["data.train_batch_size"]
+    n = _get(overrides, f"{AR}.rollout.n")
+    M = _get(overrides, f"{AR}.actor.ppo_mini_batch_size")
+    errors = []
+    if (B * n) % N:
+        errors.append(f"data.train_batch_size×rollout.n={B}×{n}={B * n}: must be divisible by the {N} GPUs")
+    if M is not None:
+        errors += _mini_batch_rules(B, n, M, N, overrides)
+    share = B * n // N if (B * n) % N == 0 else None
+    forward = [
+        k
+        for k in (
+            f"{AR}.rollout.log_prob_micro_batch_size_per_gpu",
+            f"{AR}.ref.log_prob_micro_batch_size_per_gpu",
+            "critic.forward_micro_batch_size_per_gpu",
+        )
+        if overrides.get(k) is not None
+    ]
+    for key in forward:
+        if share is not None and share % overrides[key]:
+            errors.append(
+                f"{key}={overrides[key]}: must divide the per-GPU share B×n/N={share} "
+                f"(forward-only micro-batches)"
+            )
+    gen = overrides.get("data.gen_batch_size")
+    if gen is not None and B % gen:
+        errors.append(
+            f"data.gen_batch_size={gen}: must divide data.train_batch_size={B} (whole generation "
+            f"chunks per step)"
+        )
+    workers = _get(overrides, f"{AR}.rollout.agent.num_workers")
+    if (B * n) % workers:
+        errors.append(
+            f"{AR}.rollout.agent.num_workers={workers}: must divide B×n={B * n} (the agent loop "
+            f"splits a step's samples evenly)"
+        )
+    return errors
+
+
+def _mini_batch_rules(B: int, n: int, M: int, N: int, overrides: Mapping[str, Any]) -> list[str]:
+    key = f"{AR}.actor.ppo_mini_batch_size"
+    errors = []
+    if B < M:
+        errors.append(f"{key}={M}: must be <= data.train_batch_size={B}")
+    elif B % M:
+        errors.append(f"{key}={M}: must divide data.train_batch_size={B} (whole mini-batches per step)")
+    if (M * n) % N:
+        errors.append(f"{key}×rollout.n={M}×{n}={M * n}: must be divisible by the {N} GPUs")
+        return errors
+    per_gpu = M * n // N
+    for micro_key in (f"{AR}.actor.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu"):
+        m = overrides.get(micro_key)
+        if m is not None and per_gpu % m:
+            errors.append(f"{micro_key}={m}: must divide the per-GPU mini batch M×n/N={per_gpu}")
+    return errors
