@@ -11,7 +11,9 @@ from pathlib import Path
 
 import optuna
 import pytest
+import yaml
 
+from autotune.knobs import ProbeConfig, violations
 from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.e2e
@@ -55,6 +57,33 @@ def test_twelve_trials_with_ok_and_pruned_statuses(twelve_trials):
     assert "ok" in statuses and statuses & PRUNED, statuses
     assert "best configuration" in proc.stdout and "memory model:" in proc.stdout
     print(f"12 trials in {seconds:.0f} s")  # the 10-minute bound is a benchmark figure, not a test
+
+
+def test_run_writes_the_report_with_the_chosen_trials_figures(twelve_trials):
+    _, out, _ = twelve_trials
+    folder = out / "cpu-tiny-tiny-llama-1gpu"
+    for name in ("best_config.yaml", "verl_overrides.txt", "trials.csv", "report.md", "report.html"):
+        assert (folder / name).is_file(), name
+    best = yaml.safe_load((folder / "best_config.yaml").read_text())
+    seed_keys = (
+        "rollout_batch_size",
+        "train_batch_size",
+        "micro_batch_size",
+        "gradient_accumulation_steps",
+        "num_rollout_workers",
+        "max_prompt_length",
+        "max_response_length",
+        "actor_model_config",
+    )
+    assert all(key in best for key in seed_keys)
+    knobs = {key: best[key] for key in seed_keys[:-1]}
+    assert violations(ProbeConfig(**knobs), best["measured"]["gpus"]) == []
+    trial = load(out, "cpu-tiny-tiny-llama-1gpu").trials[best["measured"]["trial_number"]]
+    assert trial.user_attrs["status"] == "ok"
+    assert best["measured"]["samples_per_sec"] == trial.values[0]
+    assert best["measured"]["peak_memory_bytes"] == trial.values[1]
+    assert {key: trial.user_attrs["config"][key] for key in knobs} == knobs
+    assert best["actor_model_config"]["model_name_or_path"] != "unknown"
 
 
 def test_optunas_own_cli_reads_the_study(twelve_trials):
@@ -195,3 +224,8 @@ def test_ctrl_c_finishes_the_running_probe_then_stops(tmp_path):
     assert "finishing the running probe" in stdout and "stopped by Ctrl-C" in stdout
     states = _states(tmp_path, name)
     assert states == ["COMPLETE"]  # the running probe finished and was recorded; nothing else started
+
+
+def test_report_of_a_missing_study_is_one_line_and_exit_2(tmp_path):
+    proc = run_cli("report", "--study", "nope", "--out", str(tmp_path), timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "nope" in proc.stderr
