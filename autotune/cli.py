@@ -43,16 +43,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser, override: bool = False) -> None:
+    """--model, --reward-model, --weights, --trust-remote-code (override=True: default to the space's)."""
+    space = "override the space's: " if override else ""
     parser.add_argument(
         "--model",
-        default="tiny-llama",
-        help="registry name (see `autotune models`) or a local Hugging Face model directory",
+        default=None if override else "tiny-llama",
+        help=f"{space}registry name (see `autotune models`) or a local Hugging Face model directory",
     )
     parser.add_argument(
         "--reward-model",
-        default="function",
-        help="registry name, local directory, or 'function' for a rule-based reward (default)",
+        default=None if override else "function",
+        help=f"{space}registry name, local directory, or 'function' for a rule-based reward",
     )
     parser.add_argument(
         "--weights",
@@ -68,12 +70,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+def add_device_arguments(parser: argparse.ArgumentParser, override: bool = False) -> None:
+    """--gpus, --device, --memory-budget; with override=True --gpus and the budget default to the space's."""
     parser.add_argument(
         "--gpus",
         type=_positive_int,
-        default=1,
-        help="ranks per probe: GPUs on CUDA, gloo processes on CPU (default 1)",
+        default=None if override else 1,
+        help="ranks per probe: GPUs on CUDA, gloo processes on CPU "
+        + ("(default: the space's)" if override else "(default 1)"),
     )
     parser.add_argument(
         "--device",
@@ -86,7 +90,8 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive_float,
         metavar="GIB",
         help="per-rank memory budget in GiB: on CUDA a per-process memory fraction emulates a "
-        "smaller card (a real OOM); on CPU the peak RSS is compared (an emulated OOM)",
+        "smaller card (a real OOM); on CPU the peak RSS is compared (an emulated OOM)"
+        + ("; default: the space's, else the device's memory" if override else ""),
     )
 
 
@@ -136,12 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="default",
         help="a shipped space name (see search_spaces/) or a YAML file (default: default)",
     )
-    run.add_argument("--model", help="override the space's model (registry name or local directory)")
-    run.add_argument("--reward-model", help="override the space's reward model ('function' for a rule)")
-    run.add_argument("--weights", choices=("random", "pretrained"), default="random")
-    run.add_argument("--trust-remote-code", action="store_true")
-    run.add_argument("--gpus", type=_positive_int, help="override the space's ranks per probe")
-    run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_model_arguments(run, override=True)
+    add_device_arguments(run, override=True)
     run.add_argument(
         "--trials",
         type=_positive_int,
@@ -155,11 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="wall-clock limit per probe (default: the space's)",
     )
     run.add_argument(
-        "--memory-budget",
-        type=_positive_float,
-        metavar="GIB",
-        help="per-rank budget (default: the space's, else the device's memory)",
+        "--data",
+        type=Path,
+        help="a dataset (as `autotune lengths`): the length knobs are "
+        "bounded below by its p95/p90 suggestions and the probes' prompts are its prompts",
     )
+    run.add_argument("--prompt-key", help="prompt column of --data")
+    run.add_argument("--response-key", help="response column of --data")
     run.add_argument(
         "--time-budget",
         metavar="DURATION",
@@ -196,10 +199,81 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     report.set_defaults(handler=_cmd_report)
 
+    add_lengths_parser(sub)
+    add_check_parser(sub)
+
     models = sub.add_parser("models", help="list the registry's model names with parameter counts")
     models.add_argument("--json", action="store_true")
     models.set_defaults(handler=_cmd_models)
     return parser
+
+
+def add_lengths_parser(sub: argparse._SubParsersAction) -> None:
+    lengths = sub.add_parser(
+        "lengths",
+        help="token lengths of a dataset and the max_prompt/response_length they suggest",
+        description="Tokenize a JSON lines, JSON, Parquet or CSV file with the model's tokenizer; print the "
+        "length percentiles, max_prompt_length (p95) and max_response_length (p90) rounded up to a "
+        "multiple of 8, and the share each would truncate. Exit 2 for bad input.",
+    )
+    lengths.add_argument("data", type=Path, help="a .jsonl, .json, .parquet or .csv file")
+    lengths.add_argument("--model", required=True, help="registry name or a local model directory")
+    lengths.add_argument("--prompt-key", help="prompt column (default: prompt, question, instruction, ...)")
+    lengths.add_argument("--response-key", help="response column (default: response, answer, output, ...)")
+    lengths.add_argument("--percentiles", default="50,90,95,99", help="comma-separated (default 50,90,95,99)")
+    lengths.add_argument("--json", action="store_true", help="print a JSON object")
+    lengths.set_defaults(handler=_cmd_lengths)
+
+
+def add_check_parser(sub: argparse._SubParsersAction) -> None:
+    check = sub.add_parser(
+        "check",
+        help="report every problem of a config (seed schema or verl overrides) with its fix",
+        description="Check a config in the seed's schema (or best_config.yaml) or a verl override file: "
+        "divisibility, rollout workers vs cores, lengths vs data, predicted memory vs the card, reward "
+        "model frozen, rollout batch size. Exit 0 clean, 1 problems found, 2 unreadable input.",
+    )
+    check.add_argument("config", type=Path, help="a YAML config or a verl override file (key=value lines)")
+    check.add_argument("--gpus", type=_positive_int, help="GPUs of the job (default: the config's, else 1)")
+    card = check.add_mutually_exclusive_group()
+    card.add_argument("--gpu", help="the card: a100-40g, a100-80g, h100-80g, h200, rtx3090, l40s, ...")
+    card.add_argument("--memory", type=_positive_float, metavar="GIB", help="memory per GPU in GiB")
+    check.add_argument("--data", type=Path, help="a dataset to check the lengths against (as `lengths`)")
+    check.add_argument("--model", help="registry name or local directory (default: from the config)")
+    check.add_argument("--cores", type=_positive_int, help="physical cores of the training machine")
+    check.add_argument("--prompt-key", help="prompt column of --data")
+    check.add_argument("--response-key", help="response column of --data")
+    check.add_argument("--json", action="store_true", help="print a JSON object")
+    check.set_defaults(handler=_cmd_check)
+
+
+def _cmd_lengths(args: argparse.Namespace) -> int:
+    from autotune.lengths import measure_lengths, parse_percentiles, print_report
+
+    percentiles = parse_percentiles(args.percentiles)
+    report = measure_lengths(args.data, args.model, args.prompt_key, args.response_key, percentiles)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print_report(report)
+    return EXIT_OK
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from autotune.check import CheckOptions, run
+
+    options = CheckOptions(
+        path=args.config,
+        gpus=args.gpus,
+        gpu=args.gpu,
+        memory_gib=args.memory,
+        data=args.data,
+        model=args.model,
+        cores=args.cores,
+        prompt_key=args.prompt_key,
+        response_key=args.response_key,
+    )
+    return run(options, as_json=args.json)
 
 
 def resolve_device(requested: str, gpus: int) -> str:
@@ -273,6 +347,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         time_budget_seconds=parse_duration(args.time_budget) if args.time_budget else None,
         storage=args.storage,
         study=args.study,
+        data=args.data,
+        prompt_key=args.prompt_key,
+        response_key=args.response_key,
         out=args.out,
         seed=args.seed,
         trust_remote_code=args.trust_remote_code,

@@ -3,12 +3,17 @@
 The tuner and the probe talk through files: a job JSON in, one result JSON per rank out. Ranks are started
 directly (not through torchrun) so that they all share one process group that we own: a timeout or a
 failure kills the whole group — ranks and their DataLoader workers — with one `killpg`.
+
+Ranks are forked from a warm fork server that has already imported torch and transformers (see
+`autotune.forkserver`; AUTOTUNE_FORKSERVER=0 disables it), or, when it is disabled or unavailable, spawned as
+fresh processes; either way they behave the same to this module.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -22,6 +27,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
+from autotune import forkserver
+from autotune.forkserver import ForkedRank, ForkServerError
 from autotune.knobs import ProbeConfig
 from autotune.result import GIB, ProbeResult, classify
 
@@ -29,6 +36,9 @@ from autotune.result import GIB, ProbeResult, classify
 FAILURE_GRACE_SECONDS = 5.0
 POLL_SECONDS = 0.05
 STDERR_TAIL_CHARS = 4000
+
+log = logging.getLogger(__name__)
+Rank = subprocess.Popen | ForkedRank  # both: pid, poll(), wait(), returncode
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,9 @@ class ProbeSettings:
     memory_budget_gib: float | None = None
     seed: int = 0
     trust_remote_code: bool = False
+    prompts_file: str | None = (
+        None  # JSON list of prompt texts (autotune run --data); None: synthetic prompts
+    )
 
 
 class Runner(Protocol):
@@ -85,18 +98,46 @@ def _rank_env(rank: int, world_size: int, port: int, device: str) -> dict[str, s
 
 
 def _spawn_ranks(
-    job_path: Path, out_dir: Path, settings: ProbeSettings, program: Path
-) -> list[subprocess.Popen]:
+    job_path: Path,
+    out_dir: Path,
+    settings: ProbeSettings,
+    program: Path,
+    server: forkserver.ForkServer | None = None,
+) -> list[Rank]:
     port = free_port()
+    argv = [str(program), "--job", str(job_path), "--out", str(out_dir)]
+    ranks = range(settings.world_size)
+    envs = [_rank_env(rank, settings.world_size, port, settings.device) for rank in ranks]
+    logs = [out_dir / f"stderr.rank{rank}.txt" for rank in ranks]
+    return (server and _fork_ranks(server, argv, envs, logs)) or _popen_ranks(argv, envs, logs)
+
+
+def _fork_ranks(
+    server: forkserver.ForkServer, argv: list[str], envs: list[dict[str, str]], logs: list[Path]
+) -> list[ForkedRank] | None:
+    """Fork the ranks from the warm server, rank 0 leading their group; None: spawn them afresh instead."""
+    ranks: list[ForkedRank] = []
+    try:
+        for env, stderr in zip(envs, logs, strict=True):
+            ranks.append(server.fork(argv, env, stderr, pgid=ranks[0].pid if ranks else 0))
+    except ForkServerError as exc:
+        log.debug("%s; spawning this probe's ranks as fresh processes", exc)
+        if ranks:
+            kill_group(ranks[0].pid)
+        return None
+    return ranks
+
+
+def _popen_ranks(argv: list[str], envs: list[dict[str, str]], logs: list[Path]) -> list[subprocess.Popen]:
     procs: list[subprocess.Popen] = []
-    for rank in range(settings.world_size):
-        stderr = open(out_dir / f"stderr.rank{rank}.txt", "wb")  # noqa: SIM115 - closed by the child's exit
+    for env, path in zip(envs, logs, strict=True):
+        stderr = open(path, "wb")  # noqa: SIM115 - closed by the child's exit
         # Own process group, not the terminal's: Ctrl-C reaches the tuner, not the probe; killpg reaches all.
-        group = {"process_group": 0 if rank == 0 else procs[0].pid}
+        group = {"process_group": 0 if not procs else procs[0].pid}
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(program), "--job", str(job_path), "--out", str(out_dir)],
-                env=_rank_env(rank, settings.world_size, port, settings.device),
+                [sys.executable, *argv],
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=stderr,
                 stderr=stderr,
@@ -112,7 +153,7 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _wait(procs: list[subprocess.Popen], timeout: float, cancel: threading.Event | None) -> bool:
+def _wait(procs: list[Rank], timeout: float, cancel: threading.Event | None) -> bool:
     """Wait for every rank; returns True when the deadline passed. One failed rank starts a short grace."""
     deadline = time.monotonic() + timeout
     while True:
@@ -160,8 +201,9 @@ def run_probe(
         out_dir = Path(tmp)
         job_path = out_dir / "job.json"
         job_path.write_text(json.dumps({"config": config.to_dict(), "settings": asdict(settings)}))
+        server = forkserver.get()  # started once per tuner, before the clock: not this probe's cost
         started = time.monotonic()
-        procs = _spawn_ranks(job_path, out_dir, settings, program)
+        procs = _spawn_ranks(job_path, out_dir, settings, program, server)
         try:
             timed_out = _wait(procs, settings.timeout_seconds, cancel)
         finally:

@@ -21,18 +21,32 @@ _WORDS = (
 
 
 class SyntheticPrompts(Dataset):
-    """An endless-enough set of prompt texts, tokenized on access (in a DataLoader worker)."""
+    """An endless-enough set of prompt texts, tokenized on access (in a DataLoader worker).
 
-    def __init__(self, tokenizer, max_prompt_length: int, seed: int = 0, size: int = 10**9) -> None:
+    With `texts` (the user's data, `autotune run --data`) the prompts are those texts, cycled, so the probe
+    sees the data's own length distribution; otherwise synthetic texts that fill max_prompt_length.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        max_prompt_length: int,
+        seed: int = 0,
+        size: int = 10**9,
+        texts: list[str] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
         self.seed = seed
         self.size = size
+        self.texts = texts
 
     def __len__(self) -> int:
         return self.size
 
     def text(self, index: int) -> str:
+        if self.texts:
+            return self.texts[(self.seed + index) % len(self.texts)]
         rng = random.Random(self.seed * 1_000_003 + index)
         # About one word per token: enough words that every prompt fills max_prompt_length (worst case).
         return " ".join(rng.choice(_WORDS) for _ in range(self.max_prompt_length + 8))
@@ -58,10 +72,16 @@ def left_pad_collate(max_prompt_length: int, pad_token_id: int):
 
 
 def prompt_batches(
-    tokenizer, prompts_per_call: int, max_prompt_length: int, num_workers: int, rank: int, seed: int = 0
+    tokenizer,
+    prompts_per_call: int,
+    max_prompt_length: int,
+    num_workers: int,
+    rank: int,
+    seed: int = 0,
+    texts: list[str] | None = None,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Endless prompt batches for one rank; the workers persist across iterations, as in training."""
-    dataset = SyntheticPrompts(tokenizer, max_prompt_length, seed=seed * 7919 + rank)
+    dataset = SyntheticPrompts(tokenizer, max_prompt_length, seed=seed * 7919 + rank, texts=texts)
     loader = DataLoader(
         dataset,
         batch_size=prompts_per_call,

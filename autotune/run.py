@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import json
 import re
 import signal
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -62,6 +66,9 @@ class RunOptions:
     out: Path = Path("reports")
     seed: int = 0
     trust_remote_code: bool = False
+    data: Path | None = None
+    prompt_key: str | None = None
+    response_key: str | None = None
 
 
 def default_study_name(space_name: str, model: str, gpus: int) -> str:
@@ -199,6 +206,14 @@ def prepare(options: RunOptions, console: Console):
     }
     if changes:
         space = space.with_settings(**changes)
+    lengths = None
+    if options.data is not None:
+        from autotune.lengths import measure_lengths
+
+        lengths = measure_lengths(options.data, space.model, options.prompt_key, options.response_key)
+        space, notes = fit_space_to_data(space, lengths)
+        for note in notes:
+            console.print(f"--data {options.data}: {note}")
     device = resolve_device(options.device, space.gpus)
     actor = resolve_model(space.model, options.weights, options.trust_remote_code)
     reward = resolve_reward_model(space.reward_model)
@@ -220,8 +235,8 @@ def prepare(options: RunOptions, console: Console):
             f"or a smaller model"
         )
     settings = probe_settings(space, options, device)
-    settings = ProbeSettings(**{**settings.__dict__, "memory_budget_gib": budget_gib})
-    return space, settings, budget, model
+    settings = dataclasses.replace(settings, memory_budget_gib=budget_gib)
+    return space, settings, budget, model, lengths
 
 
 def run_study(options: RunOptions, console: Console | None = None) -> int:
@@ -229,7 +244,7 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
     from autotune.study import memory_model_error
 
     console = console or Console()
-    space, settings, budget, model = prepare(options, console)
+    space, settings, budget, model, lengths = prepare(options, console)
     study_name = options.study or default_study_name(space.name, space.model, space.gpus)
     out_dir = options.out / study_name
     try:
@@ -238,6 +253,9 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
         raise UserError(
             f"--out {options.out}: cannot create {out_dir} ({exc.strerror}); choose a writable folder"
         ) from None
+    if lengths is not None and lengths.prompt_texts:
+        prompts = data_prompts_file(lengths, out_dir).resolve()
+        settings = dataclasses.replace(settings, prompts_file=str(prompts))
     storage = options.storage or f"sqlite:///{(out_dir / 'study.db').resolve()}"
     study = open_study(storage, study_name, options.seed)
     remember_context(study, space, budget)
@@ -282,3 +300,41 @@ def finish(tuner: Tuner, out_dir: Path, console: Console) -> int:
     for line in result.messages:
         console.print(line, markup=False, highlight=False)
     return result.exit_code
+
+
+def length_knob_at_least(space, name: str, minimum: int) -> Any:
+    """The knob's YAML value with every length below `minimum` dropped and `minimum` itself offered.
+
+    A fixed length becomes the data's suggestion; a range keeps its values at or above it, plus it.
+    """
+    spec = space.knob(name)
+    if spec.kind == "fixed":
+        return minimum
+    kept = sorted({value for value in spec.values() if value > minimum} | {minimum})
+    return kept[0] if len(kept) == 1 else {"choices": kept}
+
+
+def fit_space_to_data(space, report) -> tuple[Any, list[str]]:
+    """Bound the length knobs below by the data's suggestions (p95 prompts, p90 responses)."""
+    from autotune.space import space_from_dict
+
+    limits = {
+        "max_prompt_length": report.suggested_prompt_length,
+        "max_response_length": report.suggested_response_length,
+    }
+    data = copy.deepcopy(dict(space.raw))
+    notes = []
+    for name, minimum in limits.items():
+        if minimum is None:
+            notes.append(f"{name}: the data has no responses; the space's values are kept")
+            continue
+        data["knobs"][name] = length_knob_at_least(space, name, minimum)
+        notes.append(f"{name} >= {minimum} (the data's suggestion): {data['knobs'][name]}")
+    return space_from_dict(data, source=space.source, cores=space.cores, name=space.name), notes
+
+
+def data_prompts_file(report, out_dir: Path, limit: int = 10_000) -> Path:
+    """The data's prompt texts (templated when chat), for the probe's DataLoader to tokenize."""
+    path = out_dir / "data_prompts.json"
+    path.write_text(json.dumps(report.prompt_texts[:limit]))
+    return path

@@ -3,14 +3,18 @@
     python bench/probe_overhead.py [--iterations 2] [--repeats 2]
 
 Start-up (interpreter, imports, process group, model build) and the warm-up iteration are the price of
-isolating each probe in its own process; the tuner pays it on every trial.
+isolating each probe in its own process; the tuner pays it on every trial. Ranks are forked from the warm
+fork server (imports paid once per tuner, shown on the first line) unless AUTOTUNE_FORKSERVER=0.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import time
 
+from autotune import forkserver
 from autotune.knobs import ProbeConfig
 from autotune.launcher import ProbeSettings, run_probe
 
@@ -41,10 +45,18 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    print(f"{'config':52} {'wall s':>7} {'startup':>8} {'warmup':>7} {'measured':>9} {'outside %':>9}")
+    started = time.monotonic()
+    server = forkserver.get()  # run_probe would start it in the first probe, outside its wall time
+    if server is not None:
+        print(f"fork server: started once in {time.monotonic() - started:.2f} s, not counted below")
+    else:
+        print(f"fork server: not used ({forkserver.SWITCH}={os.environ.get(forkserver.SWITCH, '')})")
+    header = f"{'config':52} {'wall s':>7} {'startup':>8} {'warmup':>7} {'measured':>9} {'outside %':>9}"
+    print(f"{header}  path")
     for name, config in CONFIGS.items():
         shares = []
         for _ in range(args.repeats):
+            forked = forkserver.forked_ranks()
             result = run_probe(
                 config, ProbeSettings(model="tiny-llama", device="cpu", iterations=args.iterations)
             )
@@ -53,7 +65,8 @@ def main() -> None:
             shares.append(outside)
             print(
                 f"{name:52} {result.wall_seconds:7.2f} {result.startup_seconds:8.2f} "
-                f"{result.warmup_seconds:7.2f} {result.measured_seconds:9.2f} {outside:9.1%}"
+                f"{result.warmup_seconds:7.2f} {result.measured_seconds:9.2f} {outside:9.1%}  "
+                + ("fork server" if forkserver.forked_ranks() > forked else "plain spawn")
             )
         print(f"{'':52} median share outside the measured iterations: {statistics.median(shares):.1%}")
 

@@ -97,6 +97,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     tokenizer = load_tokenizer(actor_spec)
     # Start the DataLoader workers before the models exist, so the forked workers stay small.
     prompts_per_call = config.rollout_batch_size // (world_size * config.rollout_n)
+    texts = json.loads(Path(settings["prompts_file"]).read_text()) if settings.get("prompts_file") else None
     batches = prompt_batches(
         tokenizer,
         prompts_per_call,
@@ -104,6 +105,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
         config.num_rollout_workers,
         rank,
         settings["seed"],
+        texts=texts,
     )
     models = build_models(actor_spec, reward_spec, config, device, world_size)
     sampler = NvmlSampler(device.index or 0) if device.type == "cuda" else None

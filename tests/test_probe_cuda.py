@@ -1,30 +1,17 @@
 """The same probe on a GPU: bf16, allocator and NVML peaks, a real CUDA OOM. Skips cleanly without one."""
 
+import json
+
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.conftest import ISSUE_EXAMPLE, run_cli
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible here)"),
 ]
-import json  # noqa: E402
-
-SETS = [
-    "--set",
-    "train_batch_size=16",
-    "--set",
-    "rollout_batch_size=8",
-    "--set",
-    "micro_batch_size=4",
-    "--set",
-    "gradient_accumulation_steps=2",
-    "--set",
-    "max_prompt_length=32",
-    "--set",
-    "max_response_length=16",
-]
+SETS = ISSUE_EXAMPLE
 
 
 def _probe(*args: str) -> tuple[int, dict]:

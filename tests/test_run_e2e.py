@@ -229,3 +229,26 @@ def test_ctrl_c_finishes_the_running_probe_then_stops(tmp_path):
 def test_report_of_a_missing_study_is_one_line_and_exit_2(tmp_path):
     proc = run_cli("report", "--study", "nope", "--out", str(tmp_path), timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "nope" in proc.stderr
+
+
+def test_report_confirm_reprobes_the_winner(twelve_trials):
+    _, out, _ = twelve_trials
+    name = "cpu-tiny-tiny-llama-1gpu"
+    proc = run_cli(
+        "report",
+        "--study",
+        name,
+        "--out",
+        str(out),
+        "--confirm",
+        "--confirm-iterations",
+        "2",
+        "--device",
+        "cpu",
+        timeout=600,
+    )
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    assert "confirming trial #" in proc.stdout
+    confirmations = load(out, name).user_attrs["confirmations"]
+    assert confirmations and all(c["status"] for c in confirmations.values())
+    assert (out / name / "report.html").is_file()

@@ -1,0 +1,302 @@
+"""`autotune check` on the seed article's three configs (§5), its KL pitfall (train 300 / rollout 128), verl
+override files, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.check import (
+    CheckOptions,
+    check,
+    estimate_memory,
+    read_target,
+    registry_name,
+    rollout_findings,
+)
+from autotune.cli import main
+from autotune.gpus import gpu_memory_gib, normalise
+from autotune.knobs import ProbeConfig
+from autotune.memory_model import GIB, Architecture, MemoryModel
+from autotune.registry import resolve_model
+from autotune.verl_export import format_overrides, verl_overrides
+
+DATA = Path(__file__).resolve().parent / "data"
+SCENARIO_1 = DATA / "seed_scenario_1.yaml"  # 2× A100 80G, Llama-2-7B LoRA r=64, DeBERTa reward
+SCENARIO_2 = DATA / "seed_scenario_2.yaml"  # 4× A100 40G, Llama-2-13B full fine-tuning, FSDP FULL_SHARD
+SCENARIO_3 = DATA / "seed_scenario_3.yaml"  # 1× RTX 3090 24G, TinyLlama 1.1B LoRA r=32
+KL_PITFALL = DATA / "seed_scenario_train300_rollout128.yaml"  # scenario 1 with train_batch_size 300
+
+
+def _check(path: Path, **options) -> tuple[int, dict]:
+    result = check(CheckOptions(path=path, **options))
+    return result.exit_code, result.to_dict()
+
+
+def _checks(report: dict) -> list[str]:
+    return [p["check"] for p in report["problems"]]
+
+
+def _error(capsys, *args: str) -> str:
+    assert main(["check", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    return err
+
+
+# --- the article's configs ---------------------------------------------------------------------------
+
+
+def test_the_articles_configs_parse_as_written():
+    for path in (SCENARIO_1, SCENARIO_2, SCENARIO_3, KL_PITFALL):
+        target = read_target(path)
+        assert target.kind == "seed schema" and not target.findings, path
+    s2 = read_target(SCENARIO_2)
+    assert (s2.sharding, s2.offload, s2.config.use_lora) == ("full_shard", False, False)
+    assert registry_name(s2.model) == "llama-2-13b"
+    s1 = read_target(SCENARIO_1)
+    assert (
+        s1.config.use_lora and s1.config.lora_r == 64 and registry_name(s1.reward_model) == "deberta-v3-large"
+    )
+
+
+def test_scenario_1_through_the_real_cli(cli):
+    """2× A100 80G, 7B LoRA at micro 32 × (200+256) tokens: the batch rules hold, memory does not."""
+    proc = cli(
+        "check", str(SCENARIO_1), "--gpus", "2", "--gpu", "a100-80g", "--cores", "8", "--json", timeout=120
+    )
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    assert _checks(report) == ["memory"]  # 512 = 4×128 rollouts = 2 steps of 32×4×2; 4 workers ≤ 8 cores
+    # Without gradient checkpointing the probe keeps every layer's activations: 32 × 456 tokens × 32 layers
+    # × 243,712 B (28h + 6q + 4kv + 8I under autocast) = 114 GB, far above the article's "≈ 42 GiB".
+    memory = report["memory"]
+    assert memory["predicted_peak_gib"] > 80 and memory["phases_gib"]["update"] > 100
+    fix = report["problems"][0]["fix"]
+    assert fix.index("micro_batch_size 32→16") < fix.index("max_prompt_length 200→104")
+    assert "gradient_accumulation_steps does not lower the peak" in fix
+
+
+def test_scenario_2_does_not_fit_four_a100_40g_as_computed_by_hand():
+    """13B full fine-tuning (PPO: actor + critic + reference; the config names no reward model), FSDP
+    FULL_SHARD over 4× A100 40G, no offload, micro 16 × (128+192) tokens.
+
+    By hand, per GPU (GiB = 2^30 B):
+      parameters: actor 13.016e9 (Llama-2-13b), critic 12.852e9 (the body + a 1-output value head)
+      trainable, mixed-precision Adam = 16 B/param (fp32 weights 4 + fp32 grads 4 + two fp32 moments 8):
+        (13.016e9 + 12.852e9) × 16 B = 413.9e9 B; ÷ 4 GPUs = 103.5e9 B        = 96.37 GiB
+      frozen reference, bf16: 13.016e9 × 2 B = 26.03e9 B; ÷ 4 = 6.51e9 B        =  6.06 GiB
+      one gathered layer: (13.016e9 − 2 × 32000 × 5120 embeddings) / 40 = 317.2e6 params × 4 B = 1.18 GiB
+      => states 103.6 GiB: the actor's own 16 B/param alone is 13.016e9 × 16 / 4 = 48.5 GiB > 40 GiB.
+      update phase, micro 16 × 320 = 5,120 tokens:
+        activations per token and layer 28h + 6q + 4kv + 8I = 28·5120 + 6·5120 + 4·5120 + 8·13824
+          = 305,152 B; × 5,120 tokens × 40 layers = 62.50e9 B; + final norm 0.31e9  = 58.5 GiB
+        backward workspace (one layer's activations, 1.56e9 B; more than the logits' 3 fp32 copies
+          16 × 193 × 32000 × 4 B × 3 = 1.19e9 B)                                     =  1.45 GiB
+        the gathered layer's full fp32 gradient before the reduce-scatter          =  1.18 GiB
+      raw = 103.6 + 58.5 + 1.45 + 1.18 = 164.7 GiB; CUDA prior 0.75 GiB + 1.1 × 164.7 = 182.0 GiB.
+    Does not fit: 182 GiB > 40 GiB, and even the sharded states alone (103.6 GiB) are 2.6× the card.
+    """
+    exit_code, report = _check(SCENARIO_2, gpus=4, gpu="a100-40g", cores=8)
+    assert exit_code == 1 and _checks(report) == ["memory"]
+    memory = report["memory"]
+    hand_states = (13.016e9 + 12.852e9) * 16 / 4 + 13.016e9 * 2 / 4 + 317.2e6 * 4
+    hand_update = 62.50e9 + 0.31e9 + 1.56e9 + 317.2e6 * 4
+    hand_peak = 0.75 * GIB + 1.1 * (hand_states + hand_update)
+    assert sum(memory["states_gib"].values()) == pytest.approx(hand_states / GIB, rel=0.01)
+    assert memory["phases_gib"]["update"] == pytest.approx(hand_update / GIB, rel=0.01)
+    assert memory["predicted_peak_gib"] == pytest.approx(hand_peak / GIB, rel=0.01)  # 182.0
+    assert memory["predicted_peak_gib"] > 40 and memory["fits"] is False
+    problem = report["problems"][0]
+    assert "FULL_SHARD over 4 GPUs" in problem["problem"] and "÷ 4" in problem["problem"]
+    # first aid: halving micro and lengths is not enough; LoRA (frozen bf16 bases) or CPU offload is
+    assert "micro_batch_size 16→8: 149" in problem["fix"]
+    assert "use_lora: true (r=16): 33.6 GiB fits" in problem["fix"]
+
+
+def test_scenario_2_sharding_is_what_makes_the_difference():
+    spec, config = resolve_model("llama-2-13b"), read_target(SCENARIO_2).config
+    arch = Architecture.from_specs(spec)
+    replicated = estimate_memory(arch, config, 4, "none")
+    sharded = estimate_memory(arch, config, 4, "full_shard")
+    assert replicated.peak == MemoryModel(arch, 4, "cuda").predict(config)  # unsharded = the probe's model
+    assert sharded.peak < replicated.peak / 2
+    offloaded = estimate_memory(arch, config, 4, "full_shard", offload=True)  # the states live on CPU
+    assert sum(offloaded.states.values()) < 2 * GIB
+    assert (
+        offloaded.peak > 40 * GIB
+    )  # micro 16's activations (58.5 GiB) still do not fit: offload alone fails
+
+
+def test_scenario_3_is_clean_on_an_rtx_3090():
+    exit_code, report = _check(SCENARIO_3, gpus=1, gpu="rtx3090", cores=2)
+    assert exit_code == 0 and report["problems"] == []
+    assert report["memory"]["fits"] and report["memory"]["predicted_peak_gib"] < 24
+
+
+def test_train_300_rollout_128_drops_samples(capsys):
+    assert main(["check", str(KL_PITFALL), "--gpus", "2", "--memory", "1000", "--cores", "8"]) == 1
+    out = capsys.readouterr().out
+    assert "train_batch_size=300 is not a multiple of rollout_batch_size=128" in out
+    assert "3×128=384 samples and trains on 300, so 84 (22%) are dropped" in out and "KL" in out
+    assert "fix: train_batch_size: 384 (3 rollouts) or 256 (2)" in out
+    assert "micro_batch_size×gradient_accumulation_steps×GPUs=32×4×2=256" in out
+    assert "problems found" in out.splitlines()[-1]
+
+
+def test_workers_are_checked_against_this_machine_unless_cores_is_given():
+    _, report = _check(SCENARIO_2, gpus=4, cores=4)
+    (workers,) = [p for p in report["problems"] if p["check"] == "workers"]
+    assert "num_rollout_workers=6 exceeds the 4 cores given by --cores" in workers["problem"]
+    assert workers["fix"] == "num_rollout_workers: 4"
+    _, report = _check(SCENARIO_3, gpus=1)
+    texts = [f["problem"] for f in report["problems"] + report["notes"] if f["check"] == "workers"]
+    assert texts and "of this machine" in texts[0]
+
+
+def test_without_a_card_the_peak_is_a_note_and_gpus_default_to_one():
+    exit_code, report = _check(SCENARIO_3, cores=8)
+    assert exit_code == 0
+    notes = " ".join(n["problem"] for n in report["notes"])
+    assert "assuming 1 GPU" in notes and "pass --gpu NAME or --memory GiB" in notes
+
+
+# --- other rules ---------------------------------------------------------------------------------------
+
+
+def _write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+BASE = """rollout_batch_size: 128
+train_batch_size: 512
+micro_batch_size: 4
+gradient_accumulation_steps: 4
+num_rollout_workers: 2
+max_prompt_length: 64
+max_response_length: 64
+actor_model_config:
+  model_name_or_path: Qwen/Qwen2.5-0.5B-Instruct
+"""
+
+
+def test_unknown_keys_are_findings_with_the_closest_key(tmp_path):
+    path = _write(
+        tmp_path, BASE + "kl_coeff: 0.1\nlog_level: DEBUG\nreward_model_config:\n  trainabel: true\n"
+    )
+    exit_code, report = _check(path, cores=8)
+    assert exit_code == 1
+    problems = [p["problem"] for p in report["problems"]]
+    assert any("unknown key kl_coeff" in p and "'kl_coef'" in p for p in problems)
+    assert any("reward_model_config.trainabel" in p and "'trainable'" in p for p in problems)
+    assert not any("log_level" in p for p in problems)  # the article's own extra keys are accepted
+
+
+def test_trainable_reward_model_and_starving_rollout(tmp_path):
+    text = BASE.replace("rollout_batch_size: 128", "rollout_batch_size: 32")
+    path = _write(tmp_path, text + "reward_model_config:\n  model_name_or_path: x\n  trainable: true\n")
+    _, report = _check(path, cores=8)
+    assert {"reward", "rollout"} <= set(_checks(report))
+    (rollout,) = [p for p in report["problems"] if p["check"] == "rollout"]
+    assert rollout["fix"] == "rollout_batch_size: 64"
+    # per GPU: 128 over 8 GPUs is 16 each
+    config = ProbeConfig(rollout_batch_size=128, train_batch_size=1024)
+    assert rollout_findings(config, 8) and not rollout_findings(config, 2)
+
+
+def test_lengths_against_the_data(tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": "the " * i, "response": "the " * i}) + "\n" for i in range(1, 101))
+    )
+    # prompts 2..101 tokens (p95 96.05 -> 104), responses 2..101 (p90 91.1 -> 96)
+    short = _write(tmp_path, BASE.replace("max_prompt_length: 64", "max_prompt_length: 32"), "short.yaml")
+    _, report = _check(short, data=data, cores=8)
+    (prompt,) = [
+        p for p in report["problems"] if p["check"] == "lengths" and "max_prompt_length" in p["problem"]
+    ]
+    assert (
+        "below the data's p95 suggestion 104" in prompt["problem"]
+        and prompt["fix"] == "max_prompt_length: 104"
+    )
+    long = _write(tmp_path, BASE.replace("max_response_length: 64", "max_response_length: 1024"), "long.yaml")
+    _, report = _check(long, data=data, cores=8)
+    wasted = [p for p in report["problems"] if "memory wasted" in p["problem"]]
+    assert len(wasted) == 1 and wasted[0]["fix"] == "max_response_length: 96"
+
+
+def test_fsdp_config_at_the_top_level_reads_the_same(tmp_path):
+    nested = read_target(SCENARIO_2)
+    text = (
+        SCENARIO_2.read_text().replace("  fsdp_config:", "fsdp_config:").replace("    sharding", "  sharding")
+    )
+    flat = read_target(_write(tmp_path, text.replace("    cpu_offload", "  cpu_offload")))
+    assert (flat.sharding, flat.offload, flat.config) == (nested.sharding, nested.offload, nested.config)
+
+
+def test_verl_override_files_are_checked_with_verls_rules(tmp_path):
+    config = ProbeConfig(
+        rollout_batch_size=128,
+        train_batch_size=512,
+        micro_batch_size=8,
+        gradient_accumulation_steps=4,
+        num_rollout_workers=2,
+        max_prompt_length=128,
+        max_response_length=128,
+    )
+    values = verl_overrides(config, 2, model_path="Qwen/Qwen2.5-0.5B").values
+    good = _write(tmp_path, format_overrides(values), "verl_overrides.txt")
+    exit_code, report = _check(good, gpu="rtx4090", cores=8)
+    assert (exit_code, report["kind"], report["gpus"]) == (0, "verl overrides", 2)
+    assert report["config"]["micro_batch_size"] == 8 and report["sharding"] == "full_shard"
+    values["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] = 24
+    bad = _write(tmp_path, format_overrides(values), "bad.txt")
+    exit_code, report = _check(bad, gpu="rtx4090", cores=8)
+    assert exit_code == 1
+    assert any(
+        "must divide the per-GPU mini batch" in p["problem"]
+        for p in report["problems"]
+        if p["check"] == "verl"
+    )
+
+
+# --- reading and bad input ---------------------------------------------------------------------------
+
+
+def test_model_ids_map_to_registry_names():
+    assert registry_name("meta-llama/Llama-2-7b-hf") == "llama-2-7b"
+    assert registry_name("meta-llama/Llama-2-13b-chat-hf") == "llama-2-13b"
+    assert registry_name("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T") == "tinyllama-1.1b"
+    assert registry_name("Qwen/Qwen2.5-7B-Instruct") == "qwen2.5-7b"
+    assert registry_name("OpenAssistant/reward-model-deberta-v3-large") == "deberta-v3-large"
+    assert registry_name("Qwen/Qwen2.5-3B") is None and registry_name("mistralai/Mistral-7B") is None
+
+
+def test_unknown_model_is_a_note_and_model_overrides(tmp_path):
+    path = _write(tmp_path, BASE.replace("Qwen/Qwen2.5-0.5B-Instruct", "mistralai/Mistral-7B-v0.1"))
+    exit_code, report = _check(path, cores=8, gpu="a100-80g")
+    assert exit_code == 0 and report["memory"] is None
+    assert any("memory not checked" in n["problem"] for n in report["notes"])
+    _, report = _check(path, cores=8, gpu="a100-80g", model="qwen2.5-0.5b")
+    assert report["memory"]["predicted_peak_gib"] > 0
+
+
+def test_gpu_names():
+    assert gpu_memory_gib("A100-40GB") == 40.0 and gpu_memory_gib("h200") > 139
+    assert normalise("RTX 3090") == "rtx3090" and normalise("a100_80g") == "a100-80g"
+
+
+def test_unreadable_input_is_one_line_and_exit_2(tmp_path, capsys):
+    assert "does not exist" in _error(capsys, str(tmp_path / "missing.yaml"))
+    assert "not valid YAML" in _error(capsys, str(_write(tmp_path, "a: [1,\n", "bad.yaml")))
+    assert "neither" in _error(capsys, str(_write(tmp_path, "- 1\n- 2\n", "list.yaml")))
+    missing = _write(tmp_path, BASE.replace("micro_batch_size: 4\n", ""), "missing.yaml")
+    assert "missing micro_batch_size" in _error(capsys, str(missing))
+    typed = _write(tmp_path, BASE.replace("micro_batch_size: 4", 'micro_batch_size: "4"'), "typed.yaml")
+    assert "micro_batch_size: expected a whole number" in _error(capsys, str(typed))
+    assert "unknown GPU 'a100'" in _error(capsys, str(SCENARIO_3), "--gpu", "a100")
+    assert "not allowed with argument" in _error(capsys, str(SCENARIO_3), "--gpu", "h200", "--memory", "80")
