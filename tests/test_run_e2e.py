@@ -125,9 +125,8 @@ def _states(out: Path, name: str) -> list[str]:
         return []
 
 
-def test_sigkill_mid_run_then_resume(tmp_path):
-    name = "killed"
-    command = [
+def tuner_command(out: Path, name: str, trials: int) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "autotune",
@@ -135,14 +134,19 @@ def test_sigkill_mid_run_then_resume(tmp_path):
         "--space",
         "cpu-tiny",
         "--trials",
-        "4",
+        str(trials),
         "--out",
-        str(tmp_path),
+        str(out),
         "--study",
         name,
         "--device",
         "cpu",
     ]
+
+
+def test_sigkill_mid_run_then_resume(tmp_path):
+    name = "killed"
+    command = tuner_command(tmp_path, name, trials=4)
     tuner = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # wait until one trial is complete and the next is being probed
@@ -197,22 +201,7 @@ def test_bad_input_to_run_is_one_line_per_problem_and_exit_2(tmp_path):
 
 def test_ctrl_c_finishes_the_running_probe_then_stops(tmp_path):
     name = "interrupted"
-    command = [
-        sys.executable,
-        "-m",
-        "autotune",
-        "run",
-        "--space",
-        "cpu-tiny",
-        "--trials",
-        "5",
-        "--out",
-        str(tmp_path),
-        "--study",
-        name,
-        "--device",
-        "cpu",
-    ]
+    command = tuner_command(tmp_path, name, trials=5)
     tuner = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert _wait_for(lambda: "RUNNING" in _states(tmp_path, name), 300)
