@@ -36,7 +36,7 @@ from autotune.errors import UserError
 from autotune.knobs import ProbeConfig
 from autotune.report_md import render_markdown, status_of
 from autotune.result import GIB
-from autotune.study import Budget, memory_model_error, trial_config
+from autotune.study import Budget, memory_model_error, ok_front, pareto_best, trial_config
 from autotune.verl_export import VerlOverrides, format_overrides, verl_overrides
 
 __all__ = [
@@ -206,15 +206,8 @@ def select(study: optuna.Study, budget: Budget, exclude: Iterable[int] = ()) -> 
 
     `exclude`: trial numbers a confirmation probe rejected; their duplicates (same config) go with them.
     """
-    skip = set(exclude)
-    front = [t for t in study.best_trials if status_of(t) == "ok"]
-    front.sort(key=lambda t: (-_speed(t), _peak(t), "duplicate_of" in t.user_attrs, t.number))
-    eligible = [
-        t
-        for t in front
-        if _peak(t) <= budget.limit and t.number not in skip and t.user_attrs.get("duplicate_of") not in skip
-    ]
-    chosen = eligible[0] if eligible else None
+    front = ok_front(study)
+    chosen = pareto_best(front, budget, set(exclude))
     closest = [] if chosen else closest_trials(study, budget)
     return Selection(front, chosen, closest)
 

@@ -190,39 +190,42 @@ class Tuner:
     probe: Callable[..., ProbeResult] = run_probe  # (config, settings, cancel=Event) -> ProbeResult
     prune: bool = True  # False: probe every new proposal (a baseline without the memory model and dominance)
 
-    def calibrate(self) -> int:
-        """Refit the memory model from the priors on every ok probe of this study so far."""
+    def calibrate(self, trials: list[FrozenTrial]) -> int:
+        """Refit the memory model from the priors on every ok probe among `trials` (the study's so far)."""
         points = [
             (trial_config(t), t.user_attrs["peak_bytes"])
-            for t in finished_trials(self.study)
+            for t in trials
             if t.user_attrs.get("status") == "ok" and not t.user_attrs.get("duplicate_of")
         ]
         prior = self.memory_model
         self.memory_model = MemoryModel(prior.arch, prior.world_size, prior.device).calibrate(points)
         return len(points)
 
-    def measured_ooms(self) -> list[tuple[int, ProbeConfig, int]]:
+    def measured_ooms(self, trials: list[FrozenTrial]) -> list[tuple[int, ProbeConfig, int]]:
         return [
             (t.number, trial_config(t), t.user_attrs.get("peak_bytes", self.budget.bytes))
-            for t in finished_trials(self.study)
+            for t in trials
             if t.user_attrs.get("status") == "oom"
         ]
 
-    def previous_measurement(self, config: ProbeConfig) -> FrozenTrial | None:
-        key = config_key(config)
-        for trial in finished_trials(self.study):
+    @staticmethod
+    def previous_measurement(config: ProbeConfig, trials: list[FrozenTrial]) -> FrozenTrial | None:
+        """The probe that already measured this exact config (compared as the stored config dicts)."""
+        wanted = config.to_dict()
+        for trial in trials:
+            attrs = trial.user_attrs
             if (
-                trial.user_attrs.get("status") in MEASURED
-                and not trial.user_attrs.get("duplicate_of")
-                and trial_config(trial) is not None
-                and config_key(trial_config(trial)) == key
+                attrs.get("status") in MEASURED
+                and not attrs.get("duplicate_of")
+                and attrs.get("config") == wanted
             ):
                 return trial
         return None
 
     def decide(self, config: ProbeConfig, cancel=None) -> Outcome:
         """Skip what is already known (measured, dominated, predicted); otherwise launch a probe."""
-        previous = self.previous_measurement(config)
+        trials = finished_trials(self.study)  # read once: every check below looks at the same trials
+        previous = self.previous_measurement(config, trials)
         if previous is not None:
             return Outcome(
                 previous.user_attrs["status"],
@@ -235,7 +238,7 @@ class Tuner:
             return outcome_from_result(
                 config, self.probe(config, self.settings, cancel=cancel), self.budget, {}
             )
-        for number, oom_config, oom_peak in self.measured_ooms():
+        for number, oom_config, oom_peak in self.measured_ooms(trials):
             if at_least_as_large(config, oom_config):
                 return Outcome(
                     "inferred_oom",
@@ -244,7 +247,7 @@ class Tuner:
                     max(int(oom_peak), self.budget.bytes),
                     attrs={"dominates_oom_trial": number},
                 )
-        points = self.calibrate()
+        points = self.calibrate(trials)
         predicted = self.memory_model.predict(config)
         attrs = {"predicted_peak_bytes": predicted, "calibration_points": points}
         if predicted > self.budget.bytes * (1 + prediction_margin(points)):
@@ -331,11 +334,30 @@ def status_counts(study: optuna.Study) -> dict[str, int]:
     return counts
 
 
-def best_feasible(study: optuna.Study, budget: Budget) -> FrozenTrial | None:
-    """The fastest ok trial within budget·(1 − headroom), ties to less memory (Optuna's feasible front)."""
+def ok_front(study: optuna.Study) -> list[FrozenTrial]:
+    """Optuna's feasible Pareto front, ok trials only: fastest first, ties to less memory, originals first."""
     front = [t for t in study.best_trials if t.user_attrs.get("status") == "ok"]
-    feasible = [t for t in front if t.values[1] <= budget.limit]
-    return min(feasible, key=lambda t: (-t.values[0], t.values[1]), default=None)
+    return sorted(front, key=lambda t: (-t.values[0], t.values[1], "duplicate_of" in t.user_attrs, t.number))
+
+
+def pareto_best(
+    front: list[FrozenTrial], budget: Budget, exclude: set[int] = frozenset()
+) -> FrozenTrial | None:
+    """The first trial of a sorted front within budget·(1 − headroom), skipping excluded trials and their
+    duplicates (a confirmation probe rejected them)."""
+    for trial in front:
+        if (
+            trial.values[1] <= budget.limit
+            and trial.number not in exclude
+            and trial.user_attrs.get("duplicate_of") not in exclude
+        ):
+            return trial
+    return None
+
+
+def best_feasible(study: optuna.Study, budget: Budget) -> FrozenTrial | None:
+    """The Pareto-best trial: the one the report recommends."""
+    return pareto_best(ok_front(study), budget)
 
 
 def memory_model_error(study: optuna.Study, min_points: int = 1) -> tuple[float | None, int]:
