@@ -2,9 +2,13 @@
 # Create .venv and install autotune. Safe to run again (it only adds what is missing).
 #   ./setup.sh        the tool (torch pinned to 2.13.0: a local CPU build where the machine carries one,
 #                     PyPI's CUDA build on GPU machines; an already installed torch is kept)
-#   ./setup.sh test   also what the tests need: pytest and ruff; hydra-core and verl 0.9.1's config files
-#                     (verl without its dependencies, aside in .venv/verl-0.9.1, never imported); Debian's
-#                     chromium for the report's browser test (installed with apt-get when run as root)
+#   ./setup.sh test   also what the tests need: pytest, ruff and psycopg2; hydra-core and verl 0.9.1's
+#                     config files (verl without its dependencies, aside in .venv/verl-0.9.1, never imported).
+#                     As root with apt-get: Debian's chromium for the report's browser test, and Debian's
+#                     postgresql for the PostgreSQL tests: its own cluster "autotune" on 127.0.0.1 only,
+#                     started with pg_ctlcluster (no systemd needed), a role "autotune" and a database
+#                     "autotune_test" with a random password, the URL in .venv/postgres-url (mode 600).
+#                     Otherwise those tests skip.
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON="${PYTHON:-python3}"
@@ -18,6 +22,40 @@ fi
 "${pip[@]}" -e ".[test]" hydra-core
 [ -f .venv/verl-0.9.1/verl/trainer/config/ppo_trainer.yaml ] \
   || "${pip[@]}" --no-deps --target .venv/verl-0.9.1 "verl==0.9.1"
-if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+  echo "setup.sh: not root with apt-get, so no Debian chromium or postgresql: the tests needing them skip" \
+    "(the PostgreSQL tests use AUTOTUNE_TEST_POSTGRES=postgresql+psycopg2://... when set)"
+  exit 0
 fi
+apt_install() { # quietly, with one `apt-get update` per run
+  [ -n "${apt_updated:-}" ] || { apt-get update -qq && apt_updated=1; }
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+command -v chromium >/dev/null || apt_install chromium
+# PostgreSQL: the server package once, then our own cluster (created once, started whenever it is down, e.g.
+# after a reboot), then the role and database; the password is kept only in .venv/postgres-url.
+compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || apt_install --no-install-recommends postgresql
+pg_cluster() { pg_lsclusters -h | awk '$2 == "autotune" { print $1, $3, $4 }'; } # version port status
+read -r pg_ver pg_port pg_status <<<"$(pg_cluster)"
+if [ -z "$pg_ver" ]; then
+  pg_ver=$(find /usr/lib/postgresql/*/bin/postgres | sort -V | tail -1 | cut -d/ -f5)
+  LC_ALL=C.UTF-8 pg_createcluster -q --locale C.UTF-8 "$pg_ver" autotune >/dev/null
+  # (not `pg_createcluster -o`: it would write 127.0.0.1 unquoted, which PostgreSQL cannot parse)
+  echo "listen_addresses = '127.0.0.1'" >"/etc/postgresql/$pg_ver/autotune/conf.d/listen.conf"
+  read -r pg_ver pg_port pg_status <<<"$(pg_cluster)"
+fi
+[[ "$pg_status" == online* ]] || pg_ctlcluster "$pg_ver" autotune start
+pg_url_file=.venv/postgres-url
+pg_pass=$(sed -n 's#^postgresql+psycopg2://autotune:\([0-9a-f]*\)@.*#\1#p' "$pg_url_file" 2>/dev/null || true)
+if [ -z "$pg_pass" ] || ! PGPASSWORD="$pg_pass" PGCONNECT_TIMEOUT=5 psql -X -qtA -h 127.0.0.1 -p "$pg_port" \
+  -U autotune -d autotune_test -c "SELECT 1" >/dev/null 2>&1; then
+  pg_pass=$(.venv/bin/python -c "import secrets; print(secrets.token_hex(16))")
+  pg_sql() { (cd / && runuser -u postgres -- psql -X -qtA -v ON_ERROR_STOP=1 -p "$pg_port"); } # SQL on stdin
+  [ "$(pg_sql <<<"SELECT 1 FROM pg_roles WHERE rolname = 'autotune'")" = 1 ] \
+    || pg_sql <<<"CREATE ROLE autotune"
+  pg_sql <<<"ALTER ROLE autotune LOGIN PASSWORD '$pg_pass'"
+  [ "$(pg_sql <<<"SELECT 1 FROM pg_database WHERE datname = 'autotune_test'")" = 1 ] \
+    || pg_sql <<<"CREATE DATABASE autotune_test OWNER autotune"
+fi
+(umask 077 && echo "postgresql+psycopg2://autotune:$pg_pass@127.0.0.1:$pg_port/autotune_test" >"$pg_url_file")
+chmod 600 "$pg_url_file"

@@ -134,7 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="search batch settings with an Optuna study of probes",
         description="Open (or resume) a study over a search space, probe configurations until --trials are "
         "complete, then report the Pareto-best configuration. Running the same command again "
-        "resumes the study. Ctrl-C finishes the running probe and stops; a second Ctrl-C kills it.",
+        "resumes the study. Ctrl-C finishes the running probes and stops; a second Ctrl-C kills them. "
+        "Exit 0 with a feasible configuration, 1 with none, 2 for bad input, 3 when the storage or the "
+        "output folder fails (nothing measured is lost).",
     )
     run.add_argument(
         "--space",
@@ -168,7 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="launch no new probe after this long, e.g. 8h or 90m (overnight sweeps)",
     )
-    run.add_argument("--storage", help="Optuna storage URL (default: sqlite in reports/<study>/study.db)")
+    add_parallel_argument(run)
+    run.add_argument(
+        "--storage",
+        help="Optuna storage: sqlite:///PATH, journal:PATH (several processes on one node) or a "
+        "PostgreSQL URL (several machines); default: <out>/<study>/study.db, or study.journal with "
+        "--parallel",
+    )
     run.add_argument("--study", help="study name (default: <space>-<model>-<gpus>gpu)")
     run.add_argument("--out", type=Path, default=Path("reports"), help="output folder (default: reports)")
     run.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
@@ -199,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     report.set_defaults(handler=_cmd_report)
 
+    add_worker_parser(sub)
     add_lengths_parser(sub)
     add_check_parser(sub)
 
@@ -206,6 +215,50 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--json", action="store_true")
     models.set_defaults(handler=_cmd_models)
     return parser
+
+
+def add_parallel_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--parallel",
+        type=_positive_int,
+        default=1,
+        metavar="P",
+        help="probes at a time, each on its own GPUs (P x --gpus must be visible); on CPU, P concurrent "
+        "probes sharing the cores (default 1)",
+    )
+
+
+def add_worker_parser(sub: argparse._SubParsersAction) -> None:
+    worker = sub.add_parser(
+        "worker",
+        help="join a study started by `autotune run`, from this or another machine",
+        description="Probe trials of an existing study until its trial count is reached: the space and "
+        "probe settings come from the study, the GPUs from this machine. A worker that dies mid-probe is "
+        "noticed by the others (heartbeats on database storages, or the dead process on the same host) "
+        "and its trial is retried once. Exit 2 for bad input, 3 when the storage stays unreachable.",
+    )
+    worker.add_argument("--study", required=True, help="study name (as `autotune run` printed it)")
+    worker.add_argument(
+        "--storage",
+        required=True,
+        help="the study's storage: a PostgreSQL URL, or journal:PATH on the same node",
+    )
+    worker.add_argument("--gpus", type=_positive_int, help="GPUs per probe: must equal the study's (default)")
+    add_parallel_argument(worker)
+    worker.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    worker.add_argument(
+        "--trials", type=_positive_int, help="complete trials to reach (default: the study's)"
+    )
+    worker.add_argument("--time-budget", metavar="DURATION", help="launch no new probe after this long")
+    worker.add_argument(
+        "--out", type=Path, default=Path("reports"), help="where a measurement goes if the storage is away"
+    )
+    worker.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow a local model directory's own Python code to run",
+    )
+    worker.set_defaults(handler=_cmd_worker)
 
 
 def add_lengths_parser(sub: argparse._SubParsersAction) -> None:
@@ -353,8 +406,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
         out=args.out,
         seed=args.seed,
         trust_remote_code=args.trust_remote_code,
+        parallel=args.parallel,
     )
     return run_study(options)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from autotune.run import parse_duration
+    from autotune.worker import WorkerOptions, run_worker
+
+    options = WorkerOptions(
+        study=args.study,
+        storage=args.storage,
+        gpus=args.gpus,
+        parallel=args.parallel,
+        device=args.device,
+        trials=args.trials,
+        time_budget_seconds=parse_duration(args.time_budget) if args.time_budget else None,
+        out=args.out,
+        trust_remote_code=args.trust_remote_code,
+    )
+    return run_worker(options)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -392,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -5,3 +5,12 @@ class UserError(Exception):
     """Bad input: what is wrong, the value, and how to fix it — in one line."""
 
     exit_code = 2
+
+
+class Unavailable(UserError):
+    """Something outside the tool failed for good (storage unreachable, output folder full): exit code 3.
+
+    The message says what, and that nothing measured was lost; running the same command again resumes.
+    """
+
+    exit_code = 3

@@ -59,6 +59,8 @@ class ProbeSettings:
     prompts_file: str | None = (
         None  # JSON list of prompt texts (autotune run --data); None: synthetic prompts
     )
+    visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES for the ranks (a --parallel slot's GPUs)
+    threads_per_rank: int | None = None  # CPU threads per rank (a --parallel slot's share of the cores)
 
 
 class Runner(Protocol):
@@ -78,7 +80,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _rank_env(rank: int, world_size: int, port: int, device: str) -> dict[str, str]:
+def _rank_env(rank: int, settings: ProbeSettings, port: int) -> dict[str, str]:
+    world_size = settings.world_size
     env = dict(os.environ)
     env.update(
         RANK=str(rank),
@@ -90,9 +93,11 @@ def _rank_env(rank: int, world_size: int, port: int, device: str) -> dict[str, s
         TOKENIZERS_PARALLELISM="false",
         PYTHONUNBUFFERED="1",
     )
-    if device == "cpu":
-        # Split the cores between ranks so that W ranks on a small machine don't oversubscribe it.
-        threads = max(1, (os.cpu_count() or 1) // world_size)
+    if settings.visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = settings.visible_devices  # LOCAL_RANK indexes into this slot's GPUs
+    if settings.device == "cpu":
+        # Split the cores between ranks (and concurrent probes) so a small machine is not oversubscribed.
+        threads = settings.threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     return env
 
@@ -107,7 +112,7 @@ def _spawn_ranks(
     port = free_port()
     argv = [str(program), "--job", str(job_path), "--out", str(out_dir)]
     ranks = range(settings.world_size)
-    envs = [_rank_env(rank, settings.world_size, port, settings.device) for rank in ranks]
+    envs = [_rank_env(rank, settings, port) for rank in ranks]
     logs = [out_dir / f"stderr.rank{rank}.txt" for rank in ranks]
     return (server and _fork_ranks(server, argv, envs, logs)) or _popen_ranks(argv, envs, logs)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ import pandas as pd
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.errors import UserError
+from autotune.errors import Unavailable, UserError
 from autotune.knobs import ProbeConfig
 from autotune.report_md import render_markdown, status_of
 from autotune.result import GIB
@@ -496,11 +497,18 @@ def write_report(
     files = {}
     for name in FILES:
         path = out_dir / name
-        if name in texts:
-            path.write_text(texts[name], encoding="utf-8")
-            files[name] = path
-        elif path.exists():
-            path.unlink()  # a stale recommendation from an earlier report must not survive
+        try:
+            if name in texts:
+                write_whole(path, texts[name])
+                files[name] = path
+            elif path.exists():
+                path.unlink()  # a stale recommendation from an earlier report must not survive
+        except OSError as exc:
+            raise Unavailable(
+                f"cannot write {path} ({exc.strerror or exc}); the study is intact: free space or choose "
+                f"another --out, then run `autotune report --study {study.study_name} --out DIR` "
+                f"(with --storage URL if it is not the default)"
+            ) from None
     return ReportResult(
         out_dir,
         files,
@@ -509,6 +517,17 @@ def write_report(
         report.selection.closest,
         summary_lines(report, out_dir),
     )
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write through a temporary file and rename: a full disk never leaves a truncated best_config.yaml
+    for a training job to pick up."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def summary_lines(report: ReportData, out_dir: Path) -> list[str]:

@@ -12,7 +12,8 @@ from autotune.errors import UserError
 from autotune.launcher import ProbeSettings, run_probe
 from autotune.report import budget_from_study, resolve_context, select, write_report
 from autotune.result import GIB
-from autotune.study import Budget, redact, trial_config
+from autotune.storage import default_storage_url
+from autotune.study import Budget, open_study, trial_config
 
 
 @dataclass
@@ -27,25 +28,18 @@ class ReportOptions:
 
 
 def load_existing_study(storage: str, name: str) -> optuna.Study:
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        return optuna.load_study(study_name=name, storage=storage)
-    except KeyError:
-        raise UserError(
-            f"--study {name}: no such study in {redact(storage)}; check the name or --storage"
-        ) from None
-    except Exception as exc:  # driver errors vary by backend
-        raise UserError(
-            f"--storage {redact(storage)}: cannot open it ({type(exc).__name__}); use "
-            f"sqlite:///PATH or a reachable database URL"
-        ) from None
+    return open_study(storage, name, seed=None, create=False)
 
 
 def default_storage(out: Path, name: str) -> str:
-    path = out / name / "study.db"
-    if not path.exists():
-        raise UserError(f"--study {name}: no study file at {path}; pass --storage URL or --out DIR")
-    return f"sqlite:///{path.resolve()}"
+    """The study file `autotune run` left in <out>/<study>/ (SQLite, or a journal after --parallel)."""
+    folder = out / name
+    if not ((folder / "study.db").exists() or (folder / "study.journal").exists()):
+        raise UserError(
+            f"--study {name}: no study file in {folder} (study.db or study.journal); pass --storage URL "
+            f"or --out DIR"
+        )
+    return default_storage_url(folder, parallel=1)
 
 
 def confirm_winner(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from optuna.trial import FrozenTrial
 
 from autotune.result import GIB
-from autotune.study import describe_budget, trial_config
+from autotune.study import describe_budget, trial_config, trial_status
 
 if TYPE_CHECKING:
     from autotune.report import ReportData
@@ -41,7 +41,7 @@ def seconds(value: float) -> str:
 
 
 def status_of(trial: FrozenTrial) -> str:
-    return str(trial.user_attrs.get("status", trial.state.name.lower()))
+    return trial_status(trial)
 
 
 def knob_cells(trial: FrozenTrial) -> list[str]:

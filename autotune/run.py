@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
+import os
 import re
 import signal
 import threading
@@ -20,6 +22,8 @@ from autotune.errors import UserError
 from autotune.knobs import ProbeConfig
 from autotune.launcher import ProbeSettings
 from autotune.result import GIB
+from autotune.slots import Slot, oversubscribed, plan_slots
+from autotune.storage import check_parallel_safe, default_storage_url
 from autotune.study import (
     Budget,
     Tuner,
@@ -29,7 +33,9 @@ from autotune.study import (
     open_study,
     recover_stale_trials,
     redact,
+    replay_pending,
     status_counts,
+    trial_status,
 )
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
@@ -66,6 +72,7 @@ class RunOptions:
     out: Path = Path("reports")
     seed: int = 0
     trust_remote_code: bool = False
+    parallel: int = 1
     data: Path | None = None
     prompt_key: str | None = None
     response_key: str | None = None
@@ -117,8 +124,80 @@ def progress_line(tuner: Tuner) -> str:
     return f"{shown} | {best_text}"
 
 
-def tune(tuner: Tuner, trials: int, deadline: float | None, console: Console) -> str:
-    """Run trials until `trials` are complete; returns why it stopped."""
+CRASH_STREAK_LIMIT = 5  # probes in a row that crash: something is wrong with the setup, not the configs
+SWEEP_SECONDS = 30.0  # while waiting on other workers' trials, look for dead ones this often
+
+
+@dataclass
+class SlotLoop:
+    """What the probe slots share: when to stop, why, and the first error one of them hit."""
+
+    tuner: Tuner
+    trials: int
+    deadline: float | None
+    control: StopControl
+    stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+    reason: str = ""
+    error: BaseException | None = None
+    crash_streak: int = 0
+    last_crash: str = ""
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def halt(self, reason: str, error: BaseException | None = None) -> None:
+        with self._lock:
+            if not self.reason:
+                self.reason, self.error = reason, error
+            self.stop.set()
+
+    def should_stop(self) -> bool:
+        if self.control.stop_requested:
+            self.halt("stopped by Ctrl-C")
+        elif self.deadline is not None and time.monotonic() >= self.deadline:
+            self.halt("time budget spent")
+        return self.stop.is_set()
+
+    def note(self, trial) -> None:
+        """Count crashes in a row across slots; stop the study when they say the setup is broken."""
+        with self._lock:
+            if trial_status(trial) != "crashed":
+                self.crash_streak = 0
+                return
+            self.crash_streak += 1
+            message = (trial.user_attrs.get("result") or {}).get("message", "")
+            self.last_crash = f"trial #{trial.number}: {message}".strip(": ")
+        if self.crash_streak >= CRASH_STREAK_LIMIT:
+            self.halt(
+                f"{self.crash_streak} probes in a row crashed (last {self.last_crash}); see the stderr "
+                f"tails in trials.csv"
+            )
+
+    def run_slot(self, slot: Slot) -> None:
+        settings = slot.apply(self.tuner.settings)
+        last_sweep = time.monotonic()
+        try:
+            while not self.should_stop():
+                trial = self.tuner.step(cancel=self.control.cancel, settings=settings, quota=self.trials)
+                if trial is not None:
+                    self.note(trial)
+                    continue
+                if len(finished_trials(self.tuner.study)) >= self.trials:
+                    self.halt("trial count reached")
+                    return
+                # The quota is taken by running trials (other slots' or workers'): wait; one may fail.
+                self.stop.wait(1.0)
+                if time.monotonic() - last_sweep > SWEEP_SECONDS:
+                    recover_stale_trials(self.tuner.study)
+                    last_sweep = time.monotonic()
+        except Exception as exc:  # the storage gave up, most likely: stop the other slots too
+            self.halt(f"error in {slot.describe()}", exc)
+
+
+def tune(
+    tuner: Tuner, trials: int, deadline: float | None, console: Console, slots: list[Slot] | None = None
+) -> str:
+    """Run trials on every slot until `trials` are complete; returns why it stopped (raises the first
+    error a slot hit, such as the storage going away for good, once every slot has stopped)."""
+    slots = slots or [Slot(0)]
     with (
         StopControl(console) as control,
         Progress(
@@ -131,21 +210,28 @@ def tune(tuner: Tuner, trials: int, deadline: float | None, console: Console) ->
             transient=False,
         ) as progress,
     ):
+        loop = SlotLoop(tuner, trials, deadline, control)
         task = progress.add_task(
             progress_line(tuner), total=trials, completed=len(finished_trials(tuner.study))
         )
-        while len(finished_trials(tuner.study)) < trials:
-            if control.stop_requested:
-                return "stopped by Ctrl-C"
-            if deadline is not None and time.monotonic() >= deadline:
-                return "time budget spent"
-            tuner.step(cancel=control.cancel)
-            progress.update(
-                task, completed=len(finished_trials(tuner.study)), description=progress_line(tuner)
-            )
-            if control.cancel.is_set():
-                return "probe killed by a second Ctrl-C"
-    return "trial count reached"
+        threads = [
+            threading.Thread(target=loop.run_slot, args=(slot,), name=f"slot-{slot.index}", daemon=True)
+            for slot in slots
+        ]
+        for thread in threads:
+            thread.start()
+        while any(thread.is_alive() for thread in threads):
+            for thread in threads:
+                thread.join(timeout=0.5 / len(threads))
+            with contextlib.suppress(Exception):  # a storage outage: the slots report it
+                progress.update(
+                    task, completed=len(finished_trials(tuner.study)), description=progress_line(tuner)
+                )
+    if loop.error is not None:
+        raise loop.error
+    if control.cancel.is_set():
+        return "probe killed by a second Ctrl-C"
+    return loop.reason or "trial count reached"
 
 
 def start_message(options: RunOptions, study_name: str, storage: str, budget: Budget, resumed: int) -> str:
@@ -246,37 +332,85 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
     console = console or Console()
     space, settings, budget, model, lengths = prepare(options, console)
     study_name = options.study or default_study_name(space.name, space.model, space.gpus)
-    out_dir = options.out / study_name
+    out_dir = make_out_dir(options.out, study_name)
+    if lengths is not None and lengths.prompt_texts:
+        prompts = data_prompts_file(lengths, out_dir).resolve()
+        settings = dataclasses.replace(settings, prompts_file=str(prompts))
+    storage = options.storage or default_storage_url(out_dir, options.parallel)
+    check_parallel_safe(storage, options.parallel)
+    slots = plan_slots(options.parallel, space.gpus, settings.device)
+    study = open_study(storage, study_name, options.seed)
+    remember_context(study, space, budget)
+    remember_plan(study, space, settings, options.trials)
+    console.print(start_message(options, study_name, storage, budget, len(finished_trials(study))))
+    seeded = enqueue_seed_configs(study, space)
+    if seeded:
+        console.print(f"enqueued the hand-made configs first: {', '.join(seeded)}")
+    tuner = Tuner(
+        study, space, settings, budget, model, storage_url=storage, pending_path=out_dir / PENDING_FILE
+    )
+    probe_study(tuner, options.trials, options.time_budget_seconds, slots, console)
+    error, count = memory_model_error(study)
+    print_summary(tuner, console, error, count)
+    return finish(tuner, out_dir, console)
+
+
+PENDING_FILE = "pending.jsonl"
+PLAN_ATTR = "probe_plan"  # what `autotune worker` needs to probe this study like `autotune run` does
+
+
+def make_out_dir(out: Path, study_name: str) -> Path:
+    out_dir = out / study_name
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(
-            f"--out {options.out}: cannot create {out_dir} ({exc.strerror}); choose a writable folder"
+            f"--out {out}: cannot create {out_dir} ({exc.strerror}); choose a writable folder"
         ) from None
-    if lengths is not None and lengths.prompt_texts:
-        prompts = data_prompts_file(lengths, out_dir).resolve()
-        settings = dataclasses.replace(settings, prompts_file=str(prompts))
-    storage = options.storage or f"sqlite:///{(out_dir / 'study.db').resolve()}"
-    study = open_study(storage, study_name, options.seed)
-    remember_context(study, space, budget)
-    recovered = recover_stale_trials(study)
-    resumed = len(finished_trials(study))
-    console.print(start_message(options, study_name, storage, budget, resumed))
+    return out_dir
+
+
+def remember_plan(study, space, settings: ProbeSettings, trials: int) -> None:
+    """The space, probe settings and trial count, for workers joining from other machines. Machine-local
+    choices (device, GPU slots, remote code) are left out: each worker decides those for itself."""
+    local = ("device", "visible_devices", "threads_per_rank", "trust_remote_code")
+    study.set_user_attr(
+        PLAN_ATTR,
+        {
+            "space": dict(space.raw),
+            "space_name": space.name,
+            "settings": {k: v for k, v in dataclasses.asdict(settings).items() if k not in local},
+            "trials": trials,
+        },
+    )
+
+
+def probe_study(
+    tuner: Tuner, trials: int, time_budget: float | None, slots: list[Slot], console: Console
+) -> str:
+    """Recover what dead tuners left, record what an outage kept back, then probe on every slot until
+    `trials` are complete (shared by `autotune run` and `autotune worker`)."""
+    recovered = recover_stale_trials(tuner.study)
     if recovered:
         console.print(
             f"recovered trials {recovered} left RUNNING by a tuner that died: marked failed, re-queued"
         )
-    seeded = enqueue_seed_configs(study, space)
-    if seeded:
-        console.print(f"enqueued the hand-made configs first: {', '.join(seeded)}")
-    tuner = Tuner(study, space, settings, budget, model)
-    deadline = time.monotonic() + options.time_budget_seconds if options.time_budget_seconds else None
+    if tuner.pending_path is not None:
+        replayed = replay_pending(tuner.study, tuner.pending_path)
+        if replayed:
+            console.print(f"recording measurements kept while the storage was away (trials {replayed})")
+    if len(slots) > 1:
+        console.print(f"{len(slots)} probes at a time: " + "; ".join(slot.describe() for slot in slots))
+    if oversubscribed(slots, tuner.space.gpus):
+        console.print(
+            f"[yellow]{len(slots)} probes × {tuner.space.gpus} ranks exceed the {os.cpu_count()} cores: "
+            f"timings will mostly measure waiting; lower --parallel[/yellow]"
+        )
+    deadline = time.monotonic() + time_budget if time_budget else None
     started = time.monotonic()
-    reason = tune(tuner, options.trials, deadline, console)
+    reason = tune(tuner, trials, deadline, console, slots)
     console.print(f"stopped: {reason} after {time.monotonic() - started:.0f} s")
-    error, count = memory_model_error(study)
-    print_summary(tuner, console, error, count)
-    return finish(tuner, out_dir, console)
+    return reason
 
 
 def print_summary(tuner: Tuner, console: Console, error: float | None, count: int) -> None:

@@ -12,24 +12,29 @@ Every trial gets a `status` user attribute. Statuses and how they are recorded (
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import statistics
+import threading
+import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.errors import UserError
+from autotune.errors import Unavailable, UserError
 from autotune.knobs import ProbeConfig
 from autotune.launcher import ProbeSettings, run_probe
 from autotune.memory_model import MemoryModel
 from autotune.result import GIB, ProbeResult
 from autotune.space import SearchSpace, at_least_as_large, config_to_params, sample_config
+from autotune.storage import PATIENCE_SECONDS, make_storage, redact, retrying, scrub
 
 DIRECTIONS = [optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE]
 METRIC_NAMES = ["samples_per_sec", "peak_memory_bytes"]
@@ -38,6 +43,8 @@ NOT_LAUNCHED = ("predicted_oom", "inferred_oom")
 # A configuration is skipped as predicted_oom only when the prediction exceeds the budget by this margin;
 # the margin narrows as the model is calibrated on more of this study's own measurements.
 PREDICTION_MARGINS = ((3, 0.10), (1, 0.25), (0, 0.60))
+# We record heartbeats ourselves around each probe (see `heartbeat`), with ask/tell rather than optimize.
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
 
 def prediction_margin(calibration_points: int) -> float:
@@ -72,22 +79,33 @@ def make_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=5, constant_liar=True)
 
 
-def open_study(storage: str, name: str, seed: int | None) -> optuna.Study:
-    """Create or resume; a study with other objectives is an error (Optuna would silently ignore it)."""
+def open_study(storage: str, name: str, seed: int | None, create: bool = True) -> optuna.Study:
+    """Create or resume a study (create=False: only load one); a study with other objectives is an error
+    (Optuna would silently ignore the mismatch)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our progress bar says what each trial did
     try:
-        study = optuna.create_study(
-            storage=storage,
-            study_name=name,
-            directions=["maximize", "minimize"],
-            sampler=make_sampler(seed),
-            load_if_exists=True,
-        )
+        backend = make_storage(storage, on_stale=_retry_stale_trial)
+        if create:
+            study = optuna.create_study(
+                storage=backend,
+                study_name=name,
+                directions=["maximize", "minimize"],
+                sampler=make_sampler(seed),
+                load_if_exists=True,
+            )
+        else:
+            study = optuna.load_study(study_name=name, storage=backend, sampler=make_sampler(seed))
+    except KeyError:
+        raise UserError(
+            f"--study {name}: no such study in {redact(storage)}; check the name or --storage"
+        ) from None
+    except UserError:
+        raise
     except Exception as exc:  # sqlalchemy/driver errors vary by backend: all mean "cannot open it"
         raise UserError(
             f"--storage {redact(storage)}: cannot open it ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}); use sqlite:///PATH or a reachable "
-            f"database URL"
+            f"{scrub(str(exc).splitlines()[0] if str(exc) else '', storage)}); use sqlite:///PATH, "
+            f"journal:PATH or a reachable database URL"
         ) from None
     if list(study.directions) != DIRECTIONS:
         raise UserError(
@@ -106,17 +124,6 @@ def open_study(storage: str, name: str, seed: int | None) -> optuna.Study:
     return study
 
 
-def redact(url: str) -> str:
-    """A storage URL without its password, for every message a user or a log may see."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 # --- recovery and bookkeeping -------------------------------------------------------------------------
 
 
@@ -130,24 +137,61 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def recover_stale_trials(study: optuna.Study) -> list[int]:
-    """RUNNING trials whose tuner on this host is dead: mark them FAIL and enqueue them once more.
+def _requeue_once(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Enqueue a dead tuner's trial once more, unless it was itself a retry (a config that kills the tuner
+    twice is recorded as failed, not re-run forever)."""
+    if not trial.user_attrs.get("retry_of") and trial.params:
+        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
 
-    A trial that was itself such a retry is not retried again (a config that kills the tuner twice is
-    recorded as failed, not re-run forever).
+
+def _retry_stale_trial(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Optuna's heartbeat callback: it has already failed `trial`, whose heartbeat went quiet (a finished
+    trial takes no new attributes, so its status reads as interrupted through `trial_status`)."""
+    _requeue_once(study, trial)
+
+
+def trial_status(trial: FrozenTrial) -> str:
+    """The `status` attribute; a FAIL without one was failed by Optuna's heartbeat: interrupted."""
+    if "status" in trial.user_attrs:
+        return trial.user_attrs["status"]
+    return "interrupted" if trial.state == TrialState.FAIL else trial.state.name.lower()
+
+
+def _orphaned(trial: FrozenTrial, now: float, grace: float) -> bool:
+    """Asked but never claimed (the storage failed between ask and the first attribute), long ago."""
+    started = trial.datetime_start.timestamp() if trial.datetime_start else now
+    return "host" not in trial.user_attrs and now - started > grace
+
+
+def recover_stale_trials(study: optuna.Study, grace_seconds: float = 600.0) -> list[int]:
+    """Fail and re-queue RUNNING trials whose tuner is gone; returns their numbers.
+
+    Three ways to know: the tuner ran on this host and its pid is dead (at once); a database storage's
+    heartbeat went quiet (Optuna's, after its grace period; any host); or the trial was asked but never
+    claimed, over `grace_seconds` ago.
     """
-    host = socket.gethostname()
+    host, now = socket.gethostname(), time.time()
     recovered = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         attrs = trial.user_attrs
-        if attrs.get("host") != host or _pid_alive(int(attrs.get("tuner_pid", -1))):
+        dead_here = attrs.get("host") == host and not _pid_alive(int(attrs.get("tuner_pid", -1)))
+        if not (dead_here or _orphaned(trial, now, grace_seconds)):
             continue
-        study._storage.set_trial_user_attr(trial._trial_id, "status", "interrupted")
-        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-        if not attrs.get("retry_of") and trial.params:
-            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
-        recovered.append(trial.number)
-    return recovered
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # another worker was faster
+            study._storage.set_trial_user_attr(trial._trial_id, "status", "interrupted")
+            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            _requeue_once(study, trial)
+            recovered.append(trial.number)
+    running = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    with warnings.catch_warnings():  # "experimental" since Optuna 2.9, and the way heartbeats are swept
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)  # calls _retry_stale_trial for each trial it fails
+    recovered += [
+        t.number
+        for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+        if t.number in running and "status" not in t.user_attrs
+    ]
+    return sorted(recovered)
 
 
 def finished_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -179,27 +223,35 @@ def enqueue_seed_configs(study: optuna.Study, space: SearchSpace) -> list[str]:
 
 # --- the tuner loop --------------------------------------------------------------------------------------
 
+TWIN_POLL_SECONDS = 1.0
+
 
 @dataclass
 class Tuner:
+    """Proposes, decides and records trials; several threads may call `step` at once (one per probe slot)."""
+
     study: optuna.Study
     space: SearchSpace
     settings: ProbeSettings
     budget: Budget
-    memory_model: MemoryModel
+    memory_model: MemoryModel  # the priors; each decision calibrates a copy on the study's ok probes
     probe: Callable[..., ProbeResult] = run_probe  # (config, settings, cancel=Event) -> ProbeResult
     prune: bool = True  # False: probe every new proposal (a baseline without the memory model and dominance)
+    storage_url: str = ""  # for messages and retries
+    patience: float = PATIENCE_SECONDS  # how long a storage outage is ridden out before giving up
+    pending_path: Path | None = None  # where a measurement goes when the storage cannot take it
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _abandoned: set[int] = field(default_factory=set, init=False, repr=False)
 
-    def calibrate(self, trials: list[FrozenTrial]) -> int:
-        """Refit the memory model from the priors on every ok probe among `trials` (the study's so far)."""
+    def calibrated(self, trials: list[FrozenTrial]) -> tuple[MemoryModel, int]:
+        """The memory model refitted from the priors on every ok probe among `trials` (the study's so far)."""
         points = [
             (trial_config(t), t.user_attrs["peak_bytes"])
             for t in trials
             if t.user_attrs.get("status") == "ok" and not t.user_attrs.get("duplicate_of")
         ]
         prior = self.memory_model
-        self.memory_model = MemoryModel(prior.arch, prior.world_size, prior.device).calibrate(points)
-        return len(points)
+        return MemoryModel(prior.arch, prior.world_size, prior.device).calibrate(points), len(points)
 
     def measured_ooms(self, trials: list[FrozenTrial]) -> list[tuple[int, ProbeConfig, int]]:
         return [
@@ -222,8 +274,9 @@ class Tuner:
                 return trial
         return None
 
-    def decide(self, config: ProbeConfig, cancel=None) -> Outcome:
+    def decide(self, config: ProbeConfig, cancel=None, settings: ProbeSettings | None = None) -> Outcome:
         """Skip what is already known (measured, dominated, predicted); otherwise launch a probe."""
+        settings = settings or self.settings
         trials = finished_trials(self.study)  # read once: every check below looks at the same trials
         previous = self.previous_measurement(config, trials)
         if previous is not None:
@@ -235,9 +288,7 @@ class Tuner:
                 attrs={"duplicate_of": previous.number},
             )
         if not self.prune:
-            return outcome_from_result(
-                config, self.probe(config, self.settings, cancel=cancel), self.budget, {}
-            )
+            return outcome_from_result(config, self.probe(config, settings, cancel=cancel), self.budget, {})
         for number, oom_config, oom_peak in self.measured_ooms(trials):
             if at_least_as_large(config, oom_config):
                 return Outcome(
@@ -247,12 +298,12 @@ class Tuner:
                     max(int(oom_peak), self.budget.bytes),
                     attrs={"dominates_oom_trial": number},
                 )
-        points = self.calibrate(trials)
-        predicted = self.memory_model.predict(config)
+        model, points = self.calibrated(trials)
+        predicted = model.predict(config)
         attrs = {"predicted_peak_bytes": predicted, "calibration_points": points}
         if predicted > self.budget.bytes * (1 + prediction_margin(points)):
             return Outcome("predicted_oom", config, 0.0, predicted, attrs=attrs)
-        result = self.probe(config, self.settings, cancel=cancel)
+        result = self.probe(config, settings, cancel=cancel)
         if cancel is not None and cancel.is_set():
             return Outcome("interrupted", config, 0.0, result.peak_memory_bytes, result, attrs)
         return outcome_from_result(config, result, self.budget, attrs)
@@ -266,7 +317,7 @@ class Tuner:
         }
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
-        if outcome.status in ("crashed", "interrupted"):
+        if outcome.status in ("crashed", "interrupted", "surplus"):
             self.study.tell(trial, state=TrialState.FAIL)
             if outcome.status == "interrupted":  # measured on the next run of the same command
                 self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
@@ -275,14 +326,181 @@ class Tuner:
             trial.set_constraint("memory", outcome.peak_bytes - self.budget.limit)
             trial.set_constraint("runs", failed)
             self.study.tell(trial, [outcome.samples_per_sec, float(outcome.peak_bytes)])
-        return self.study.trials[trial.number]
+        return self.study._storage.get_trial(trial._trial_id)
 
-    def step(self, cancel=None) -> FrozenTrial:
+    # --- one trial, safe to run from several threads and processes at once ---------------------------
+
+    def step(
+        self, cancel=None, settings: ProbeSettings | None = None, quota: int | None = None
+    ) -> FrozenTrial | None:
+        """Propose, decide and record one trial. None: `quota` trials are already complete or running."""
+        proposal = self.propose(quota)
+        if proposal is None:
+            return None
+        trial, config = proposal
+        with heartbeat(self.study, trial._trial_id):
+            saved = trial.user_attrs.get("saved_outcome")  # a measurement the storage could not take before
+            if saved is not None:
+                outcome = outcome_from_dict(saved)
+            else:
+                self.wait_for_twin(trial.number, config, cancel)
+                outcome = self.decide(config, cancel, settings)
+            return self.record_or_keep(trial, outcome)
+
+    def propose(self, quota: int | None) -> tuple[optuna.Trial, ProbeConfig] | None:
+        """Ask for a trial and claim its config, unless `quota` is reached; one thread at a time."""
+        with self._lock:
+            return self._retry(lambda: self._ask_and_claim(quota), "asking for a trial")
+
+    def _ask_and_claim(self, quota: int | None) -> tuple[optuna.Trial, ProbeConfig] | None:
+        self._fail_abandoned()
+        if quota is not None and len(self.live_trials()) >= quota:
+            return None
         trial = self.study.ask()
+        self._abandoned.add(trial.number)  # until claimed: a storage error below leaves it to be failed
         trial.set_user_attr("host", socket.gethostname())
         trial.set_user_attr("tuner_pid", os.getpid())
-        config = sample_config(self.space, trial)
-        return self.record(trial, self.decide(config, cancel))
+        saved = trial.user_attrs.get("saved_outcome")
+        config = ProbeConfig(**saved["config"]) if saved else sample_config(self.space, trial)
+        trial.set_user_attr("config", config.to_dict())  # other workers see what is being probed
+        self._abandoned.discard(trial.number)
+        if quota is not None and self.is_surplus(trial.number, quota):
+            self.record(trial, Outcome("surplus", config))
+            return None
+        return trial, config
+
+    def _fail_abandoned(self) -> None:
+        for number in sorted(self._abandoned):
+            trial_id = self.study._storage.get_trial_id_from_study_id_trial_number(
+                self.study._study_id, number
+            )
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                self.study._storage.set_trial_user_attr(trial_id, "status", "abandoned")
+                self.study._storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            self._abandoned.discard(number)
+
+    def live_trials(self) -> list[FrozenTrial]:
+        """Complete trials and running ones (any worker's), which count towards the trial quota."""
+        states = (TrialState.COMPLETE, TrialState.RUNNING)
+        return [
+            t for t in self.study.get_trials(deepcopy=False, states=states) if t.number not in self._abandoned
+        ]
+
+    def is_surplus(self, number: int, quota: int) -> bool:
+        """Two workers may both see quota-1 live trials and both ask: the later-started one stands down."""
+        order = sorted(self.live_trials(), key=_start_order)
+        numbers = [t.number for t in order]
+        return number in numbers and numbers.index(number) >= quota
+
+    def wait_for_twin(self, number: int, config: ProbeConfig, cancel=None) -> None:
+        """If an earlier running trial (this or another worker's) probes the same config, wait for it, so
+        that no config is measured twice; this trial then records a duplicate of its result."""
+        wanted = config.to_dict()
+        while cancel is None or not cancel.is_set():
+            running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if not any(t.number < number and t.user_attrs.get("config") == wanted for t in running):
+                return
+            time.sleep(TWIN_POLL_SECONDS)
+
+    def record_or_keep(self, trial: optuna.Trial, outcome: Outcome) -> FrozenTrial:
+        """Record, riding out a storage outage; if it outlasts our patience, keep the measurement in the
+        pending file (replayed by the next run) and stop."""
+        try:
+            return self._retry(lambda: self.record(trial, outcome), f"recording trial #{trial.number}")
+        except Unavailable as exc:
+            kept = keep_pending(self.pending_path, trial, outcome)
+            raise Unavailable(f"{exc}; this trial's measurement is kept in {kept}") from None
+
+    def _retry(self, operation, what: str):
+        return retrying(operation, what, self.storage_url or "the study's storage", self.patience)
+
+
+def _start_order(trial: FrozenTrial) -> tuple[float, int]:
+    return (trial.datetime_start.timestamp() if trial.datetime_start else 0.0, trial.number)
+
+
+@contextlib.contextmanager
+def heartbeat(study: optuna.Study, trial_id: int) -> Iterator[None]:
+    """Record Optuna heartbeats for a running trial (database storages), so a dead worker is noticed."""
+    storage = study._storage
+    interval_of = getattr(storage, "get_heartbeat_interval", None)  # database storages have heartbeats
+    interval = interval_of() if interval_of else None
+    if not interval:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            with contextlib.suppress(Exception):  # an outage: the record path reports it, not this thread
+                storage.record_heartbeat(trial_id)
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{trial_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def outcome_to_dict(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "status": outcome.status,
+        "config": outcome.config.to_dict(),
+        "samples_per_sec": outcome.samples_per_sec,
+        "peak_bytes": outcome.peak_bytes,
+        "attrs": outcome.attrs,
+    }
+
+
+def outcome_from_dict(data: dict[str, Any]) -> Outcome:
+    return Outcome(
+        data["status"],
+        ProbeConfig(**data["config"]),
+        float(data["samples_per_sec"]),
+        int(data["peak_bytes"]),
+        attrs={**data["attrs"], "recorded_late": True},
+    )
+
+
+def keep_pending(path: Path | None, trial: optuna.Trial, outcome: Outcome) -> str:
+    """Append the unrecorded measurement to the pending file; if even that fails, print it to stderr."""
+    line = json.dumps(
+        {"trial_number": trial.number, "params": trial.params, "outcome": outcome_to_dict(outcome)}
+    )
+    try:
+        if path is None:
+            raise OSError("no pending file")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as handle:
+            handle.write(line + "\n")
+        return str(path)
+    except OSError:
+        import sys
+
+        print(f"unrecorded measurement: {line}", file=sys.stderr)
+        return "the line 'unrecorded measurement: ...' above"
+
+
+def replay_pending(study: optuna.Study, path: Path) -> list[int]:
+    """Measurements kept while the storage was away: each goes back into the study as a trial (enqueued
+    with its saved outcome, recorded by the next step without a probe). Returns their old trial numbers."""
+    if not path.exists():
+        return []
+    replayed = []
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        study.enqueue_trial(
+            entry["params"],
+            user_attrs={"saved_outcome": entry["outcome"], "replay_of": entry["trial_number"]},
+            skip_if_exists=False,
+        )
+        replayed.append(entry["trial_number"])
+    path.rename(path.with_suffix(".replayed"))
+    return replayed
 
 
 def outcome_from_result(config: ProbeConfig, result: ProbeResult, budget: Budget, attrs: dict) -> Outcome:
@@ -329,7 +547,7 @@ def _result_attrs(result: ProbeResult) -> dict[str, Any]:
 def status_counts(study: optuna.Study) -> dict[str, int]:
     counts: dict[str, int] = {}
     for trial in study.get_trials(deepcopy=False):
-        status = trial.user_attrs.get("status", trial.state.name.lower())
+        status = trial_status(trial)
         counts[status] = counts.get(status, 0) + 1
     return counts
 

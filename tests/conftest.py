@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,60 @@ def probe_json(*args: str, timeout: float = 600) -> tuple[int, dict]:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# PostgreSQL for the tests that share one study between processes: `./setup.sh test` (as root) provisions a
+# local server and writes its URL here; AUTOTUNE_TEST_POSTGRES names another server instead.
+POSTGRES_URL_FILE = REPO / ".venv" / "postgres-url"
+POSTGRES_ENV = "AUTOTUNE_TEST_POSTGRES"
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """A reachable PostgreSQL storage URL (SQLAlchemy form, e.g. ``postgresql+psycopg2://u:p@host:port/db``).
+
+    From $AUTOTUNE_TEST_POSTGRES, else from .venv/postgres-url. Skips when neither is configured; fails when
+    one is but the server does not answer within a few seconds (CI provisions it: it must not silently skip).
+    Tests share the database: give each study a fresh name (``study_name``, ``unique_study_name``) and drop
+    nothing.
+    """
+    url = os.environ.get(POSTGRES_ENV, "").strip()
+    source = f"${POSTGRES_ENV}"
+    if not url and POSTGRES_URL_FILE.is_file():
+        url, source = POSTGRES_URL_FILE.read_text().strip(), str(POSTGRES_URL_FILE)
+    if not url:
+        pytest.skip(
+            f"no PostgreSQL: run ./setup.sh test as root, or set {POSTGRES_ENV}=postgresql+psycopg2://..."
+        )
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    shown = "(a URL SQLAlchemy cannot parse)"
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+        shown = parsed.render_as_string(hide_password=True)
+        timeout = {"connect_timeout": 5} if parsed.get_driver_name() in ("psycopg2", "psycopg") else {}
+        engine = sqlalchemy.create_engine(parsed, poolclass=NullPool, connect_args=timeout)
+        try:
+            with engine.connect() as conn:
+                conn.execute(sqlalchemy.text("SELECT 1"))
+        finally:
+            engine.dispose()
+    except Exception as exc:
+        pytest.fail(
+            f"PostgreSQL {shown} (from {source}) is unreachable: {type(exc).__name__}: {exc}\n"
+            f"Run ./setup.sh test as root (it starts the local cluster), or fix or unset {POSTGRES_ENV}.",
+            pytrace=False,
+        )
+    return url
+
+
+def unique_study_name(prefix: str = "test") -> str:
+    """A study name no other test run uses, for a storage several tests (and runs) share."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def study_name(request) -> str:
+    """A fresh study name per test, readable in the database: the test's name plus a random suffix."""
+    return unique_study_name(request.node.name)

@@ -1,0 +1,156 @@
+"""Where a study lives: Optuna storages from a `--storage` value, retries while it is away, and redaction.
+
+    sqlite:///reports/s/study.db      one process (the embedded default)
+    journal:reports/s/study.journal   several processes on one node (Optuna's journal file, file locks)
+    postgresql+psycopg2://u:p@h/db    several nodes (any SQLAlchemy URL Optuna's RDBStorage takes)
+
+Database storages get Optuna's heartbeat: a worker records one per running trial while it probes, and any
+worker fails the trials whose heartbeat went quiet (`autotune.study.recover_stale_trials`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import optuna
+
+from autotune.errors import Unavailable, UserError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+JOURNAL_PREFIX = "journal:"
+HEARTBEAT_SECONDS = 20
+GRACE_SECONDS = 120  # six missed heartbeats: a probe never holds the GIL that long
+# Storage outages: retry with doubling waits (1, 2, 4, ... capped at 30 s) for this long, then give up.
+PATIENCE_SECONDS = 300.0
+
+
+def redact(url: str) -> str:
+    """A storage URL without its password, for every message a user or a log may see."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def scrub(text: str, url: str) -> str:
+    """`text` (a driver's error message, say) with the URL's password blanked wherever it appears."""
+    password = urlsplit(url).password
+    return text.replace(password, "***") if password else text
+
+
+def journal_path(url: str) -> Path | None:
+    """The file of a journal storage value (`journal:PATH`, or a path ending in .journal), else None."""
+    if url.startswith(JOURNAL_PREFIX):
+        return Path(url[len(JOURNAL_PREFIX) :].removeprefix("//")).expanduser()
+    if url.endswith(".journal") and "://" not in url:
+        return Path(url).expanduser()
+    return None
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite:")
+
+
+def check_parallel_safe(url: str, writers: int) -> None:
+    """SQLite locks the whole file per write: several writers get 'database is locked' (DESIGN §5)."""
+    if writers > 1 and is_sqlite(url):
+        raise UserError(
+            f"--storage {redact(url)}: SQLite is not safe for {writers} concurrent probes; use "
+            f"journal:PATH (one node) or a PostgreSQL URL, or leave --storage out for the default"
+        )
+
+
+def default_storage_url(study_dir: Path, parallel: int) -> str:
+    """The embedded default: an existing study file wins; else SQLite for one probe, a journal for more."""
+    database, journal = study_dir / "study.db", study_dir / "study.journal"
+    if journal.exists() or (parallel > 1 and not database.exists()):
+        return f"{JOURNAL_PREFIX}{journal.resolve()}"
+    return f"sqlite:///{database.resolve()}"
+
+
+def make_storage(
+    url: str,
+    heartbeat_seconds: int = HEARTBEAT_SECONDS,
+    grace_seconds: int = GRACE_SECONDS,
+    on_stale: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None,
+) -> optuna.storages.BaseStorage:
+    """An Optuna storage for a `--storage` value; database storages get heartbeats (see module doc)."""
+    path = journal_path(url)
+    if path is not None:
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        if not path.parent.is_dir():
+            raise UserError(f"--storage {url}: folder {path.parent} does not exist; create it first")
+        return JournalStorage(JournalFileBackend(str(path)))
+    with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna, and what DESIGN §5 asks for
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(
+            url,
+            heartbeat_interval=heartbeat_seconds,
+            grace_period=grace_seconds,
+            heartbeat_stale_trial_callback=on_stale,
+            engine_kwargs=_engine_options(url),
+        )
+
+
+def _engine_options(url: str) -> dict:
+    """Fail fast on a dead server (the retry loop, not the driver, decides how long to wait)."""
+    if url.startswith("postgresql"):
+        return {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
+    if url.startswith("mysql"):
+        return {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
+    return {}
+
+
+def transient(exc: BaseException) -> bool:
+    """An error that a storage coming back would cure (connection lost, file briefly unreadable)."""
+    import sqlalchemy.exc
+
+    return isinstance(
+        exc,
+        optuna.exceptions.StorageInternalError
+        | sqlalchemy.exc.OperationalError
+        | sqlalchemy.exc.InterfaceError
+        | OSError,
+    )
+
+
+def retrying(
+    operation: Callable[[], T],
+    what: str,
+    url: str,
+    patience: float = PATIENCE_SECONDS,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Run a storage operation; while it fails transiently, retry with doubling waits for `patience` s."""
+    started, wait = time.monotonic(), 1.0
+    while True:
+        try:
+            return operation()
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            waited = time.monotonic() - started
+            if waited + wait > patience:
+                raise Unavailable(
+                    f"storage {redact(url)} unreachable while {what} for {waited:.0f} s "
+                    f"({type(exc).__name__}: {scrub(first_line(exc), url)}); every completed trial is kept: "
+                    f"bring it back and run the same command again"
+                ) from None
+            log.warning("storage %s: %s failed (%s); retrying in %.0f s", redact(url), what, exc, wait)
+            sleep(wait)
+            wait = min(wait * 2, 30.0)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""

@@ -1,0 +1,98 @@
+"""`autotune worker`: join a study that `autotune run` started, from this or another machine.
+
+The study's storage (PostgreSQL across machines, a journal file on one node) is the only thing workers
+share: Optuna hands out trials, each worker probes on its own GPUs, and `autotune run` stored the space and
+probe settings with the study (`probe_plan`) so every worker probes the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from autotune.errors import UserError
+from autotune.launcher import ProbeSettings
+from autotune.storage import check_parallel_safe, redact
+
+
+@dataclass
+class WorkerOptions:
+    study: str
+    storage: str
+    gpus: int | None = None
+    parallel: int = 1
+    device: str = "auto"
+    trials: int | None = None
+    time_budget_seconds: float | None = None
+    out: Path = Path("reports")
+    trust_remote_code: bool = False
+
+
+def stored_plan(study, name: str, storage: str) -> dict:
+    from autotune.run import PLAN_ATTR
+
+    plan = study.user_attrs.get(PLAN_ATTR)
+    if not plan:
+        raise UserError(
+            f"study {name!r} in {redact(storage)} was not started by `autotune run` (it stores no probe "
+            f"plan): start it with `autotune run --storage URL --study {name}` first"
+        )
+    return plan
+
+
+def worker_settings(plan: dict, device: str, trust_remote_code: bool) -> ProbeSettings:
+    settings = ProbeSettings(**plan["settings"], device=device, trust_remote_code=trust_remote_code)
+    if settings.prompts_file and not Path(settings.prompts_file).is_file():
+        raise UserError(
+            f"the study's probes read their prompts from {settings.prompts_file} (autotune run --data), "
+            f"which this machine lacks: copy it to the same path"
+        )
+    return settings
+
+
+def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
+    from autotune.cli import resolve_device
+    from autotune.memory_model import Architecture, MemoryModel
+    from autotune.registry import resolve_model, resolve_reward_model
+    from autotune.report import budget_from_study
+    from autotune.run import PENDING_FILE, print_summary, probe_study
+    from autotune.slots import plan_slots
+    from autotune.space import space_from_dict
+    from autotune.study import Tuner, finished_trials, memory_model_error, open_study
+
+    console = console or Console()
+    check_parallel_safe(options.storage, writers=2)  # a worker always shares the study with another
+    study = open_study(options.storage, options.study, seed=None, create=False)  # seeds differ per worker
+    plan = stored_plan(study, options.study, options.storage)
+    space = space_from_dict(plan["space"], source=f"study {options.study}", name=plan["space_name"])
+    if options.gpus is not None and options.gpus != space.gpus:
+        raise UserError(
+            f"--gpus {options.gpus}: study {options.study!r} measures probes on {space.gpus} GPU(s) each; "
+            f"a worker must use the same, or its samples/sec would not compare (leave --gpus out)"
+        )
+    device = resolve_device(options.device, space.gpus)
+    settings = worker_settings(plan, device, options.trust_remote_code)
+    actor = resolve_model(space.model, settings.weights, options.trust_remote_code)
+    model = MemoryModel(
+        Architecture.from_specs(actor, resolve_reward_model(space.reward_model)), space.gpus, device
+    )
+    budget = budget_from_study(study)
+    slots = plan_slots(options.parallel, space.gpus, device)
+    trials = options.trials or int(plan["trials"])
+    pending = options.out / options.study / PENDING_FILE
+    tuner = Tuner(study, space, settings, budget, model, storage_url=options.storage, pending_path=pending)
+    console.print(
+        f"joining study [bold]{options.study}[/bold] in {redact(options.storage)}: "
+        f"{len(finished_trials(study))} of {trials} trials complete; {space.model} on {space.gpus} "
+        f"{device} rank(s) per probe"
+    )
+    probe_study(tuner, trials, options.time_budget_seconds, slots, console)
+    print_summary(tuner, console, *memory_model_error(study))
+    console.print(
+        f"report: autotune report --study {options.study} --storage '{redact(options.storage)}'",
+        markup=False,
+        highlight=False,
+    )
+    return 0
