@@ -33,7 +33,6 @@ from autotune.study import (
     open_study,
     recover_stale_trials,
     redact,
-    replay_pending,
     status_counts,
     trial_status,
 )
@@ -390,15 +389,15 @@ def probe_study(
 ) -> str:
     """Recover what dead tuners left, record what an outage kept back, then probe on every slot until
     `trials` are complete (shared by `autotune run` and `autotune worker`)."""
+    if tuner.pending_path is not None:  # before the sweep: a kept measurement completes its own trial
+        replayed = tuner.replay_pending(tuner.pending_path)
+        if replayed:
+            console.print(f"recorded the measurements kept while the storage was away (trials {replayed})")
     recovered = recover_stale_trials(tuner.study)
     if recovered:
         console.print(
             f"recovered trials {recovered} left RUNNING by a tuner that died: marked failed, re-queued"
         )
-    if tuner.pending_path is not None:
-        replayed = replay_pending(tuner.study, tuner.pending_path)
-        if replayed:
-            console.print(f"recording measurements kept while the storage was away (trials {replayed})")
     if len(slots) > 1:
         console.print(f"{len(slots)} probes at a time: " + "; ".join(slot.describe() for slot in slots))
     if oversubscribed(slots, tuner.space.gpus):

@@ -411,6 +411,30 @@ class Tuner:
             kept = keep_pending(self.pending_path, trial, outcome)
             raise Unavailable(f"{exc}; this trial's measurement is kept in {kept}") from None
 
+    def replay_pending(self, path: Path) -> list[int]:
+        """Record the measurements kept while the storage was away (see `record_or_keep`); returns their
+        trial numbers. A trial still RUNNING takes its saved outcome now; one that another worker has
+        failed meanwhile is enqueued with it, and recorded by a later step without a probe."""
+        if not path.exists():
+            return []
+        storage, replayed = self.study._storage, []
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            trial_id = storage.get_trial_id_from_study_id_trial_number(
+                self.study._study_id, entry["trial_number"]
+            )
+            if storage.get_trial(trial_id).state == TrialState.RUNNING:
+                self.record(optuna.Trial(self.study, trial_id), outcome_from_dict(entry["outcome"]))
+            else:
+                self.study.enqueue_trial(
+                    entry["params"],
+                    user_attrs={"saved_outcome": entry["outcome"], "replay_of": entry["trial_number"]},
+                    skip_if_exists=False,
+                )
+            replayed.append(entry["trial_number"])
+        path.rename(path.with_suffix(".replayed"))
+        return replayed
+
     def _retry(self, operation, what: str):
         return retrying(operation, what, self.storage_url or "the study's storage", self.patience)
 
@@ -483,24 +507,6 @@ def keep_pending(path: Path | None, trial: optuna.Trial, outcome: Outcome) -> st
 
         print(f"unrecorded measurement: {line}", file=sys.stderr)
         return "the line 'unrecorded measurement: ...' above"
-
-
-def replay_pending(study: optuna.Study, path: Path) -> list[int]:
-    """Measurements kept while the storage was away: each goes back into the study as a trial (enqueued
-    with its saved outcome, recorded by the next step without a probe). Returns their old trial numbers."""
-    if not path.exists():
-        return []
-    replayed = []
-    for line in path.read_text().splitlines():
-        entry = json.loads(line)
-        study.enqueue_trial(
-            entry["params"],
-            user_attrs={"saved_outcome": entry["outcome"], "replay_of": entry["trial_number"]},
-            skip_if_exists=False,
-        )
-        replayed.append(entry["trial_number"])
-    path.rename(path.with_suffix(".replayed"))
-    return replayed
 
 
 def outcome_from_result(config: ProbeConfig, result: ProbeResult, budget: Budget, attrs: dict) -> Outcome:

@@ -4,10 +4,14 @@ The server comes from `./setup.sh test` (run as root: Debian's postgresql on 127
 $AUTOTUNE_TEST_POSTGRES; without either these tests skip and say so (see the `postgres_url` fixture).
 """
 
+import json
 import subprocess
 import sys
+import time
 
 import optuna
+import pytest
+import sqlalchemy
 
 from tests.conftest import REPO
 
@@ -53,3 +57,82 @@ def test_two_processes_share_one_study(postgres_url, study_name):
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials), [t.state for t in trials]
     assert {t.user_attrs["pid"] for t in trials} == {proc.pid for proc in workers}
     assert all(t.value == t.params["x"] ** 2 for t in trials)
+
+
+def _autotune(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "autotune", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait_for_plan(url: str, name: str, timeout: float = 300) -> None:
+    """Until `autotune run` has created the study and stored its probe plan (workers need both)."""
+    from autotune.run import PLAN_ATTR
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if PLAN_ATTR in optuna.load_study(study_name=name, storage=url).user_attrs:
+                return
+        except KeyError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"study {name} never got its probe plan")
+
+
+@pytest.mark.e2e
+def test_three_autotune_workers_share_one_study(postgres_url, study_name, tmp_path):
+    """`autotune run` plus two `autotune worker`s: every trial recorded once, none lost, the count exact."""
+    trials = 8
+    password = sqlalchemy.engine.make_url(postgres_url).password
+    common = ["--study", study_name, "--storage", postgres_url]
+    run = _autotune(
+        "run",
+        "--space",
+        "cpu-tiny",
+        "--device",
+        "cpu",
+        "--trials",
+        str(trials),
+        "--out",
+        str(tmp_path),
+        *common,
+    )
+    workers = []
+    try:
+        _wait_for_plan(postgres_url, study_name)
+        workers = [_autotune("worker", "--device", "cpu", "--out", str(tmp_path), *common) for _ in range(2)]
+        outputs = [proc.communicate(timeout=900)[0] for proc in (run, *workers)]
+    finally:
+        for proc in (run, *workers):
+            proc.kill()
+    for proc, output in zip((run, *workers), outputs, strict=True):
+        assert proc.returncode in (0, 1), output[-3000:]
+        assert password not in output  # redacted in every message
+    assert "joining study" in outputs[1]
+    study = optuna.load_study(study_name=study_name, storage=postgres_url)
+    all_trials = study.get_trials()
+    complete = [t for t in all_trials if t.state.name == "COMPLETE"]
+    assert len(complete) == trials
+    # Only a worker that asked in the same instant as another may have stood down: nothing else failed.
+    assert {t.user_attrs.get("status") for t in all_trials if t.state.name != "COMPLETE"} <= {"surplus"}
+    measured = [
+        json.dumps(t.user_attrs["config"], sort_keys=True)
+        for t in complete
+        if t.user_attrs["status"] in ("ok", "oom", "timeout") and "duplicate_of" not in t.user_attrs
+    ]
+    assert len(measured) == len(set(measured))  # no configuration probed twice
+    assert len({t.user_attrs["tuner_pid"] for t in complete}) >= 2  # the workers did take trials
+    report = subprocess.run(
+        [sys.executable, "-m", "autotune", "report", "--out", str(tmp_path), *common],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert report.returncode in (0, 1) and "report:" in report.stdout, report.stderr
+    assert password not in report.stdout + report.stderr
