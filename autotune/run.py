@@ -336,7 +336,7 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
         prompts = data_prompts_file(lengths, out_dir).resolve()
         settings = dataclasses.replace(settings, prompts_file=str(prompts))
     storage = options.storage or default_storage_url(out_dir, options.parallel)
-    check_parallel_safe(storage, options.parallel)
+    check_parallel_safe(storage, options.parallel, by_default=options.storage is None)
     slots = plan_slots(options.parallel, space.gpus, settings.device)
     study = open_study(storage, study_name, options.seed)
     remember_context(study, space, budget)

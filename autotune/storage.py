@@ -60,13 +60,19 @@ def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite:")
 
 
-def check_parallel_safe(url: str, writers: int) -> None:
+def check_parallel_safe(url: str, writers: int, by_default: bool = False) -> None:
     """SQLite locks the whole file per write: several writers get 'database is locked' (DESIGN §5)."""
-    if writers > 1 and is_sqlite(url):
+    if writers <= 1 or not is_sqlite(url):
+        return
+    if by_default:  # an existing study.db: the study began with one probe at a time
         raise UserError(
-            f"--storage {redact(url)}: SQLite is not safe for {writers} concurrent probes; use "
-            f"journal:PATH (one node) or a PostgreSQL URL, or leave --storage out for the default"
+            f"--parallel {writers}: this study lives in SQLite ({redact(url)}), which is not safe for "
+            f"concurrent probes; resume it with --parallel 1, or start another --study for --parallel"
         )
+    raise UserError(
+        f"--storage {redact(url)}: SQLite is not safe for {writers} concurrent probes; use journal:PATH "
+        f"(one node) or a PostgreSQL URL, or leave --storage out for the default"
+    )
 
 
 def default_storage_url(study_dir: Path, parallel: int) -> str:
