@@ -468,6 +468,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        from autotune.storage import scrub, transient
+
+        if not transient(exc):
+            raise
+        # A storage or file error outside the retried paths: one line, no password, nothing measured lost.
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(
+            f"error: storage or output unavailable ({type(exc).__name__}: {scrub(first)}); every completed "
+            f"trial is kept: run the same command again when it is back",
+            file=sys.stderr,
+        )
+        return 3
 
 
 if __name__ == "__main__":

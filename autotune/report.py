@@ -23,6 +23,7 @@ import dataclasses
 import datetime as dt
 import math
 import os
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -522,7 +523,7 @@ def write_report(
 def write_whole(path: Path, text: str) -> None:
     """Write through a temporary file and rename: a full disk never leaves a truncated best_config.yaml
     for a training job to pick up."""
-    partial = path.with_name(f".{path.name}.partial")
+    partial = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.partial")  # one per writer
     try:
         partial.write_text(text, encoding="utf-8")
         os.replace(partial, path)

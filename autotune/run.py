@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -25,6 +26,7 @@ from autotune.result import GIB
 from autotune.slots import Slot, oversubscribed, plan_slots
 from autotune.storage import check_parallel_safe, default_storage_url
 from autotune.study import (
+    SWEEP_SECONDS,
     Budget,
     Tuner,
     best_feasible,
@@ -124,7 +126,6 @@ def progress_line(tuner: Tuner) -> str:
 
 
 CRASH_STREAK_LIMIT = 5  # probes in a row that crash: something is wrong with the setup, not the configs
-SWEEP_SECONDS = 30.0  # while waiting on other workers' trials, look for dead ones this often
 
 
 @dataclass
@@ -179,13 +180,14 @@ class SlotLoop:
                 if trial is not None:
                     self.note(trial)
                     continue
-                if len(finished_trials(self.tuner.study)) >= self.trials:
+                study, retry = self.tuner.study, self.tuner._retry
+                if len(retry(functools.partial(finished_trials, study), "counting trials")) >= self.trials:
                     self.halt("trial count reached")
                     return
                 # The quota is taken by running trials (other slots' or workers'): wait; one may fail.
                 self.stop.wait(1.0)
                 if time.monotonic() - last_sweep > SWEEP_SECONDS:
-                    recover_stale_trials(self.tuner.study)
+                    retry(functools.partial(recover_stale_trials, study), "sweeping dead workers' trials")
                     last_sweep = time.monotonic()
         except Exception as exc:  # the storage gave up, most likely: stop the other slots too
             self.halt(f"error in {slot.describe()}", exc)

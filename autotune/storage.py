@@ -11,6 +11,7 @@ worker fails the trials whose heartbeat went quiet (`autotune.study.recover_stal
 from __future__ import annotations
 
 import logging
+import re
 import time
 import warnings
 from collections.abc import Callable
@@ -27,24 +28,39 @@ T = TypeVar("T")
 
 JOURNAL_PREFIX = "journal:"
 HEARTBEAT_SECONDS = 20
-GRACE_SECONDS = 120  # six missed heartbeats: a probe never holds the GIL that long
 # Storage outages: retry with doubling waits (1, 2, 4, ... capped at 30 s) for this long, then give up.
 PATIENCE_SECONDS = 300.0
+# A trial is stale after this long without a heartbeat: longer than an outage we ride out (every worker's
+# heartbeats stop while the database is away), so that its return does not fail the live workers' trials.
+GRACE_SECONDS = int(PATIENCE_SECONDS) + 300
+_PASSWORDS: set[str] = set()  # of every storage URL opened: blanked in any message, wherever it came from
 
 
 def redact(url: str) -> str:
-    """A storage URL without its password, for every message a user or a log may see."""
+    """A storage URL without its password (user:password@ or ?password=), for every message and log."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
+    query = re.sub(r"(?i)(^|&)(password=)[^&]*", r"\1\2***", parts.query)
+    if (netloc, query) == (parts.netloc, parts.query):
+        return url  # unchanged (urlunsplit would also turn sqlite:///x into sqlite:/x)
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
-def scrub(text: str, url: str) -> str:
-    """`text` (a driver's error message, say) with the URL's password blanked wherever it appears."""
-    password = urlsplit(url).password
-    return text.replace(password, "***") if password else text
+def remember_password(url: str) -> None:
+    parts = urlsplit(url)
+    passwords = [parts.password, *re.findall(r"(?i)(?:^|&)password=([^&]*)", parts.query)]
+    _PASSWORDS.update(p for p in passwords if p)
+
+
+def scrub(text: str, url: str = "") -> str:
+    """`text` (a driver's error message, say) with every known storage password blanked."""
+    if url:
+        remember_password(url)
+    for password in _PASSWORDS:
+        text = text.replace(password, "***")
+    return text
 
 
 def journal_path(url: str) -> Path | None:
@@ -90,6 +106,7 @@ def make_storage(
     on_stale: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None,
 ) -> optuna.storages.BaseStorage:
     """An Optuna storage for a `--storage` value; database storages get heartbeats (see module doc)."""
+    remember_password(url)
     path = journal_path(url)
     if path is not None:
         from optuna.storages.journal import JournalFileBackend, JournalStorage
@@ -111,7 +128,9 @@ def make_storage(
 def _engine_options(url: str) -> dict:
     """Fail fast on a dead server (the retry loop, not the driver, decides how long to wait)."""
     if url.startswith("postgresql"):
-        return {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
+        # keepalives: a half-open connection (server gone, no FIN) fails in about a minute, not hours
+        keepalive = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+        return {"connect_args": {"connect_timeout": 10, **keepalive}, "pool_pre_ping": True}
     if url.startswith("mysql"):
         return {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
     return {}
@@ -152,7 +171,13 @@ def retrying(
                     f"({type(exc).__name__}: {scrub(first_line(exc), url)}); every completed trial is kept: "
                     f"bring it back and run the same command again"
                 ) from None
-            log.warning("storage %s: %s failed (%s); retrying in %.0f s", redact(url), what, exc, wait)
+            log.warning(
+                "storage %s: %s failed (%s); retrying in %.0f s",
+                redact(url),
+                what,
+                scrub(str(exc), url),
+                wait,
+            )
             sleep(wait)
             wait = min(wait * 2, 30.0)
 

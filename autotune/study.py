@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import socket
 import statistics
@@ -34,7 +35,7 @@ from autotune.launcher import ProbeSettings, run_probe
 from autotune.memory_model import MemoryModel
 from autotune.result import GIB, ProbeResult
 from autotune.space import SearchSpace, at_least_as_large, config_to_params, sample_config
-from autotune.storage import PATIENCE_SECONDS, make_storage, redact, retrying, scrub
+from autotune.storage import GRACE_SECONDS, PATIENCE_SECONDS, make_storage, redact, retrying, scrub
 
 DIRECTIONS = [optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE]
 METRIC_NAMES = ["samples_per_sec", "peak_memory_bytes"]
@@ -127,14 +128,29 @@ def open_study(storage: str, name: str, seed: int | None, create: bool = True) -
 # --- recovery and bookkeeping -------------------------------------------------------------------------
 
 
-def _pid_alive(pid: int) -> bool:
+def _process_started(pid: int) -> float | None:
+    """When process `pid` started (epoch seconds), or None if there is no such process."""
+    import psutil
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return None
+    except psutil.Error:  # exists, but not ours to inspect
+        return -1.0
+
+
+def _tuner_alive(attrs: dict[str, Any]) -> bool:
+    """The tuner that claimed a trial on this host still runs: same pid *and* same start time (a restarted
+    container reuses pids)."""
+    pid = int(attrs.get("tuner_pid", 0))
+    if pid <= 0:
         return False
-    except PermissionError:
-        return True
-    return True
+    started = _process_started(pid)
+    if started is None:
+        return False
+    claimed_start = attrs.get("tuner_started")
+    return started < 0 or claimed_start is None or abs(started - float(claimed_start)) < 2.0
 
 
 def _requeue_once(study: optuna.Study, trial: FrozenTrial) -> None:
@@ -158,12 +174,12 @@ def trial_status(trial: FrozenTrial) -> str:
 
 
 def _orphaned(trial: FrozenTrial, now: float, grace: float) -> bool:
-    """Asked but never claimed (the storage failed between ask and the first attribute), long ago."""
+    """Asked but never claimed (its tuner died, or the storage failed, before the config was set) long ago."""
     started = trial.datetime_start.timestamp() if trial.datetime_start else now
-    return "host" not in trial.user_attrs and now - started > grace
+    return "config" not in trial.user_attrs and now - started > grace
 
 
-def recover_stale_trials(study: optuna.Study, grace_seconds: float = 600.0) -> list[int]:
+def recover_stale_trials(study: optuna.Study, grace_seconds: float = GRACE_SECONDS) -> list[int]:
     """Fail and re-queue RUNNING trials whose tuner is gone; returns their numbers.
 
     Three ways to know: the tuner ran on this host and its pid is dead (at once); a database storage's
@@ -174,7 +190,7 @@ def recover_stale_trials(study: optuna.Study, grace_seconds: float = 600.0) -> l
     recovered = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         attrs = trial.user_attrs
-        dead_here = attrs.get("host") == host and not _pid_alive(int(attrs.get("tuner_pid", -1)))
+        dead_here = attrs.get("host") == host and not _tuner_alive(attrs)
         if not (dead_here or _orphaned(trial, now, grace_seconds)):
             continue
         with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # another worker was faster
@@ -224,6 +240,8 @@ def enqueue_seed_configs(study: optuna.Study, space: SearchSpace) -> list[str]:
 # --- the tuner loop --------------------------------------------------------------------------------------
 
 TWIN_POLL_SECONDS = 1.0
+UNCLAIMED_WAIT_SECONDS = 30.0  # an earlier trial still sampling its config claims it within this
+SWEEP_SECONDS = 30.0  # while waiting on other workers' trials, look for dead ones this often
 
 
 @dataclass
@@ -277,7 +295,8 @@ class Tuner:
     def decide(self, config: ProbeConfig, cancel=None, settings: ProbeSettings | None = None) -> Outcome:
         """Skip what is already known (measured, dominated, predicted); otherwise launch a probe."""
         settings = settings or self.settings
-        trials = finished_trials(self.study)  # read once: every check below looks at the same trials
+        # read once: every check below looks at the same trials
+        trials = self._retry(lambda: finished_trials(self.study), "reading the trials")
         previous = self.previous_measurement(config, trials)
         if previous is not None:
             return Outcome(
@@ -304,7 +323,7 @@ class Tuner:
         if predicted > self.budget.bytes * (1 + prediction_margin(points)):
             return Outcome("predicted_oom", config, 0.0, predicted, attrs=attrs)
         result = self.probe(config, settings, cancel=cancel)
-        if cancel is not None and cancel.is_set():
+        if cancel is not None and cancel.is_set() and result.status != "ok":  # killed by a second Ctrl-C
             return Outcome("interrupted", config, 0.0, result.peak_memory_bytes, result, attrs)
         return outcome_from_result(config, result, self.budget, attrs)
 
@@ -347,6 +366,15 @@ class Tuner:
                 outcome = self.decide(config, cancel, settings)
             return self.record_or_keep(trial, outcome)
 
+    def requeue_with_outcome(self, params: dict[str, Any], number: int, outcome: Outcome) -> None:
+        """A measurement whose trial another worker failed meanwhile: back into the study as a new trial,
+        recorded by a later step without a probe."""
+        saved = {k: v for k, v in outcome_to_dict(outcome).items()}
+        saved["attrs"] = {k: v for k, v in saved["attrs"].items() if k != "recorded_late"}
+        self.study.enqueue_trial(
+            params, user_attrs={"saved_outcome": saved, "replay_of": number}, skip_if_exists=False
+        )
+
     def propose(self, quota: int | None) -> tuple[optuna.Trial, ProbeConfig] | None:
         """Ask for a trial and claim its config, unless `quota` is reached; one thread at a time."""
         with self._lock:
@@ -358,15 +386,16 @@ class Tuner:
             return None
         trial = self.study.ask()
         self._abandoned.add(trial.number)  # until claimed: a storage error below leaves it to be failed
-        trial.set_user_attr("host", socket.gethostname())
-        trial.set_user_attr("tuner_pid", os.getpid())
-        saved = trial.user_attrs.get("saved_outcome")
-        config = ProbeConfig(**saved["config"]) if saved else sample_config(self.space, trial)
+        beat_now(self.study, trial._trial_id)  # a heartbeat row from the start, so Optuna's sweep sees it
+        for key, value in claim_attrs().items():
+            trial.set_user_attr(key, value)
+        config = sample_config(self.space, trial)  # an enqueued trial's fixed params give its config back
         trial.set_user_attr("config", config.to_dict())  # other workers see what is being probed
-        self._abandoned.discard(trial.number)
         if quota is not None and self.is_surplus(trial.number, quota):
             self.record(trial, Outcome("surplus", config))
+            self._abandoned.discard(trial.number)
             return None
+        self._abandoned.discard(trial.number)
         return trial, config
 
     def _fail_abandoned(self) -> None:
@@ -394,19 +423,41 @@ class Tuner:
 
     def wait_for_twin(self, number: int, config: ProbeConfig, cancel=None) -> None:
         """If an earlier running trial (this or another worker's) probes the same config, wait for it, so
-        that no config is measured twice; this trial then records a duplicate of its result."""
-        wanted = config.to_dict()
+        that no config is measured twice; this trial then records a duplicate of its result. Earlier trials
+        not yet claimed are waited for briefly (they may be about to claim this config); dead workers' trials
+        are swept meanwhile, so the wait always ends."""
+        wanted, started, last_sweep = config.to_dict(), time.monotonic(), time.monotonic()
         while cancel is None or not cancel.is_set():
-            running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if not any(t.number < number and t.user_attrs.get("config") == wanted for t in running):
+            running = self._retry(
+                lambda: self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)),
+                "reading the trials",
+            )
+            unclaimed_wait = time.monotonic() - started < UNCLAIMED_WAIT_SECONDS
+            if not any(
+                t.number < number
+                and (
+                    t.user_attrs.get("config") == wanted or ("config" not in t.user_attrs and unclaimed_wait)
+                )
+                for t in running
+            ):
                 return
             time.sleep(TWIN_POLL_SECONDS)
+            if time.monotonic() - last_sweep > SWEEP_SECONDS:
+                self._retry(lambda: recover_stale_trials(self.study), "sweeping dead workers' trials")
+                last_sweep = time.monotonic()
 
     def record_or_keep(self, trial: optuna.Trial, outcome: Outcome) -> FrozenTrial:
         """Record, riding out a storage outage; if it outlasts our patience, keep the measurement in the
         pending file (replayed by the next run) and stop."""
         try:
             return self._retry(lambda: self.record(trial, outcome), f"recording trial #{trial.number}")
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # A sweep failed it meanwhile (its heartbeat went quiet), or our own tell went through but its
+            # answer was lost: keep what was recorded, else bring the measurement back as a new trial.
+            frozen = self.study._storage.get_trial(trial._trial_id)
+            if frozen.state != TrialState.COMPLETE:
+                self.requeue_with_outcome(trial.params, trial.number, outcome)
+            return frozen
         except Unavailable as exc:
             kept = keep_pending(self.pending_path, trial, outcome)
             raise Unavailable(f"{exc}; this trial's measurement is kept in {kept}") from None
@@ -414,25 +465,25 @@ class Tuner:
     def replay_pending(self, path: Path) -> list[int]:
         """Record the measurements kept while the storage was away (see `record_or_keep`); returns their
         trial numbers. A trial still RUNNING takes its saved outcome now; one that another worker has
-        failed meanwhile is enqueued with it, and recorded by a later step without a probe."""
-        if not path.exists():
+        failed meanwhile is enqueued with it (recorded by a later step without a probe); one already
+        complete is left alone. The file is claimed first (renamed), so two tuners never replay it twice."""
+        claimed = path.with_name(f"{path.name}.replaying-{os.getpid()}")
+        try:
+            path.rename(claimed)
+        except FileNotFoundError:
             return []
         storage, replayed = self.study._storage, []
-        for line in path.read_text().splitlines():
+        for line in claimed.read_text().splitlines():
             entry = json.loads(line)
-            trial_id = storage.get_trial_id_from_study_id_trial_number(
-                self.study._study_id, entry["trial_number"]
-            )
-            if storage.get_trial(trial_id).state == TrialState.RUNNING:
-                self.record(optuna.Trial(self.study, trial_id), outcome_from_dict(entry["outcome"]))
-            else:
-                self.study.enqueue_trial(
-                    entry["params"],
-                    user_attrs={"saved_outcome": entry["outcome"], "replay_of": entry["trial_number"]},
-                    skip_if_exists=False,
-                )
-            replayed.append(entry["trial_number"])
-        path.rename(path.with_suffix(".replayed"))
+            number, outcome = entry["trial_number"], outcome_from_dict(entry["outcome"])
+            trial_id = storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)
+            state = storage.get_trial(trial_id).state
+            if state == TrialState.RUNNING:
+                self.record(optuna.Trial(self.study, trial_id), outcome)
+            elif state != TrialState.COMPLETE:
+                self.requeue_with_outcome(entry["params"], number, outcome)
+            replayed.append(number)
+        claimed.rename(path.with_name(f"{path.name}.replayed"))
         return replayed
 
     def _retry(self, operation, what: str):
@@ -440,7 +491,25 @@ class Tuner:
 
 
 def _start_order(trial: FrozenTrial) -> tuple[float, int]:
-    return (trial.datetime_start.timestamp() if trial.datetime_start else 0.0, trial.number)
+    """By claim time (epoch seconds, one clock per host, no time zones); unclaimed trials come last."""
+    return (float(trial.user_attrs.get("claimed_at", math.inf)), trial.number)
+
+
+def claim_attrs() -> dict[str, Any]:
+    import psutil
+
+    return {
+        "host": socket.gethostname(),
+        "tuner_pid": os.getpid(),
+        "tuner_started": psutil.Process().create_time(),
+        "claimed_at": time.time(),
+    }
+
+
+def beat_now(study: optuna.Study, trial_id: int) -> None:
+    interval_of = getattr(study._storage, "get_heartbeat_interval", None)
+    if interval_of and interval_of():
+        study._storage.record_heartbeat(trial_id)
 
 
 @contextlib.contextmanager

@@ -37,7 +37,7 @@ FAKES = Path(__file__).parent / "fake_runners"
 # --- storage outages -------------------------------------------------------------------------------------
 
 
-def test_retry_rides_out_a_short_outage_and_gives_up_with_a_redacted_message():
+def test_retry_rides_out_a_short_outage_and_gives_up_with_a_redacted_message(caplog):
     calls, waits = [], []
 
     def flaky():
@@ -48,6 +48,7 @@ def test_retry_rides_out_a_short_outage_and_gives_up_with_a_redacted_message():
 
     assert retrying(flaky, "asking", "postgresql://u:hunter2@db/x", patience=60, sleep=waits.append) == "done"
     assert waits == [1.0, 2.0]  # doubling waits
+    assert "retrying" in caplog.text and "hunter2" not in caplog.text
 
     def down():
         raise OSError("connection refused by postgresql://u:hunter2@db/x")
