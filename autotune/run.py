@@ -212,6 +212,7 @@ def tune(
         ) as progress,
     ):
         loop = SlotLoop(tuner, trials, deadline, control)
+        tuner.cancel = control.cancel
         task = progress.add_task(
             progress_line(tuner), total=trials, completed=len(finished_trials(tuner.study))
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -155,8 +156,10 @@ def retrying(
     url: str,
     patience: float = PATIENCE_SECONDS,
     sleep: Callable[[float], None] = time.sleep,
+    cancel: threading.Event | None = None,
 ) -> T:
-    """Run a storage operation; while it fails transiently, retry with doubling waits for `patience` s."""
+    """Run a storage operation; while it fails transiently, retry with doubling waits for `patience` s
+    (or until `cancel` is set: a second Ctrl-C gives up on the storage at once)."""
     started, wait = time.monotonic(), 1.0
     while True:
         try:
@@ -165,7 +168,7 @@ def retrying(
             if not transient(exc):
                 raise
             waited = time.monotonic() - started
-            if waited + wait > patience:
+            if waited + wait > patience or (cancel is not None and cancel.is_set()):
                 raise Unavailable(
                     f"storage {redact(url)} unreachable while {what} for {waited:.0f} s "
                     f"({type(exc).__name__}: {scrub(first_line(exc), url)}); every completed trial is kept: "
@@ -178,7 +181,10 @@ def retrying(
                 scrub(str(exc), url),
                 wait,
             )
-            sleep(wait)
+            if cancel is not None:
+                cancel.wait(wait)
+            else:
+                sleep(wait)
             wait = min(wait * 2, 30.0)
 
 

@@ -258,6 +258,7 @@ class Tuner:
     storage_url: str = ""  # for messages and retries
     patience: float = PATIENCE_SECONDS  # how long a storage outage is ridden out before giving up
     pending_path: Path | None = None  # where a measurement goes when the storage cannot take it
+    cancel: threading.Event | None = None  # set by a second Ctrl-C: stop waiting for the storage too
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _abandoned: set[int] = field(default_factory=set, init=False, repr=False)
 
@@ -487,7 +488,8 @@ class Tuner:
         return replayed
 
     def _retry(self, operation, what: str):
-        return retrying(operation, what, self.storage_url or "the study's storage", self.patience)
+        url = self.storage_url or "the study's storage"
+        return retrying(operation, what, url, self.patience, cancel=self.cancel)
 
 
 def _start_order(trial: FrozenTrial) -> tuple[float, int]:

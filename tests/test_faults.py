@@ -60,6 +60,12 @@ def test_retry_rides_out_a_short_outage_and_gives_up_with_a_redacted_message(cap
     message = str(caught.value)
     assert "hunter2" not in message and "u:***@db" in message and "recording trial #3" in message
     assert caught.value.exit_code == 3
+    ctrl_c = threading.Event()
+    ctrl_c.set()  # a second Ctrl-C: no waiting out the patience
+    started = time.monotonic()
+    with pytest.raises(Unavailable):
+        retrying(down, "asking", "sqlite:///x.db", patience=300, cancel=ctrl_c)
+    assert time.monotonic() - started < 5
 
 
 class StorageOutage:
