@@ -187,27 +187,35 @@ def recover_stale_trials(study: optuna.Study, grace_seconds: float = GRACE_SECON
     claimed, over `grace_seconds` ago.
     """
     host, now = socket.gethostname(), time.time()
-    recovered = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    running, recovered = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)), []
+    for trial in running:
         attrs = trial.user_attrs
         dead_here = attrs.get("host") == host and not _tuner_alive(attrs)
-        if not (dead_here or _orphaned(trial, now, grace_seconds)):
-            continue
-        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # another worker was faster
-            study._storage.set_trial_user_attr(trial._trial_id, "status", "interrupted")
-            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        if (dead_here or _orphaned(trial, now, grace_seconds)) and _fail_trial(
+            study, trial._trial_id, "interrupted"
+        ):
             _requeue_once(study, trial)
             recovered.append(trial.number)
-    running = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
     with warnings.catch_warnings():  # "experimental" since Optuna 2.9, and the way heartbeats are swept
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)  # calls _retry_stale_trial for each trial it fails
+    were_running = {t.number for t in running}
     recovered += [
         t.number
         for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-        if t.number in running and "status" not in t.user_attrs
+        if t.number in were_running and "status" not in t.user_attrs
     ]
     return sorted(recovered)
+
+
+def _fail_trial(study: optuna.Study, trial_id: int, status: str) -> bool:
+    """Mark a running trial FAIL with `status`; False when another worker finished it first."""
+    try:
+        study._storage.set_trial_user_attr(trial_id, "status", status)
+        study._storage.set_trial_state_values(trial_id, TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    return True
 
 
 def finished_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -370,7 +378,7 @@ class Tuner:
     def requeue_with_outcome(self, params: dict[str, Any], number: int, outcome: Outcome) -> None:
         """A measurement whose trial another worker failed meanwhile: back into the study as a new trial,
         recorded by a later step without a probe."""
-        saved = {k: v for k, v in outcome_to_dict(outcome).items()}
+        saved = outcome_to_dict(outcome)  # a new dict: replacing its attrs leaves the outcome's alone
         saved["attrs"] = {k: v for k, v in saved["attrs"].items() if k != "recorded_late"}
         self.study.enqueue_trial(
             params, user_attrs={"saved_outcome": saved, "replay_of": number}, skip_if_exists=False
@@ -404,9 +412,7 @@ class Tuner:
             trial_id = self.study._storage.get_trial_id_from_study_id_trial_number(
                 self.study._study_id, number
             )
-            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-                self.study._storage.set_trial_user_attr(trial_id, "status", "abandoned")
-                self.study._storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            _fail_trial(self.study, trial_id, "abandoned")
             self._abandoned.discard(number)
 
     def live_trials(self) -> list[FrozenTrial]:
@@ -508,18 +514,21 @@ def claim_attrs() -> dict[str, Any]:
     }
 
 
-def beat_now(study: optuna.Study, trial_id: int) -> None:
+def heartbeat_interval(study: optuna.Study) -> int | None:
+    """Seconds between heartbeats; None for storages without them (only database storages have them)."""
     interval_of = getattr(study._storage, "get_heartbeat_interval", None)
-    if interval_of and interval_of():
+    return interval_of() if interval_of else None
+
+
+def beat_now(study: optuna.Study, trial_id: int) -> None:
+    if heartbeat_interval(study):
         study._storage.record_heartbeat(trial_id)
 
 
 @contextlib.contextmanager
 def heartbeat(study: optuna.Study, trial_id: int) -> Iterator[None]:
     """Record Optuna heartbeats for a running trial (database storages), so a dead worker is noticed."""
-    storage = study._storage
-    interval_of = getattr(storage, "get_heartbeat_interval", None)  # database storages have heartbeats
-    interval = interval_of() if interval_of else None
+    storage, interval = study._storage, heartbeat_interval(study)
     if not interval:
         yield
         return
