@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from autotune.config.knobs import ALGORITHMS, ProbeConfig, physical_cores
 from autotune.errors import UserError
-from autotune.knobs import ALGORITHMS, ProbeConfig, physical_cores
 
 if TYPE_CHECKING:
-    from autotune.lengths import LengthReport
-    from autotune.memory_model import Architecture, MemoryBreakdown
+    from autotune.data.lengths import LengthReport
+    from autotune.memory.model import Architecture, MemoryBreakdown
 
 GIB = 1024**3
 MIN_ROLLOUT, MIN_ROLLOUT_PER_GPU = 64, 32  # the article's §6.4, and its share per GPU (see module doc)
@@ -318,8 +318,8 @@ def _seed_config(knobs: dict[str, Any], actor: dict[str, Any]) -> ProbeConfig:
 
 
 def _from_overrides(text: str) -> Target:
-    """A verl override file: verl's keys mapped back to autotune's knobs (see autotune.verl_export)."""
-    from autotune.verl_export import AR, VERL_DEFAULTS, parse_overrides
+    """A verl override file: verl's keys mapped back to autotune's knobs (see autotune.formats.verl)."""
+    from autotune.formats.verl import AR, VERL_DEFAULTS, parse_overrides
 
     values = parse_overrides(text)
     get = {**VERL_DEFAULTS, **values}.get
@@ -342,7 +342,7 @@ def _from_overrides(text: str) -> Target:
 
 def _verl_config(get: Any, gpus: int) -> ProbeConfig | None:
     """verl counts prompts, autotune samples (× rollout.n); None when the sizes are missing or not whole."""
-    from autotune.verl_export import AR
+    from autotune.formats.verl import AR
 
     n, batch = get(f"{AR}.rollout.n"), get("data.train_batch_size")
     micro, mini = get(f"{AR}.actor.ppo_micro_batch_size_per_gpu"), get(f"{AR}.actor.ppo_mini_batch_size")
@@ -374,7 +374,7 @@ def _int_or(value: Any, default: int | None) -> int | None:
 
 def registry_name(ref: str | None) -> str | None:
     """The registry name of a model reference: a registry name, a local directory, or a known HF id."""
-    from autotune.registry import MODELS
+    from autotune.models.registry import MODELS
 
     if not ref:
         return None
@@ -545,7 +545,7 @@ def reward_findings(target: Target) -> list[Finding]:
 
 def length_findings(c: ProbeConfig, report: LengthReport) -> list[Finding]:
     """Limits below the data's suggestion truncate; above 2× it they reserve memory nothing uses."""
-    from autotune.lengths import truncated_share
+    from autotune.data.lengths import truncated_share
 
     pairs = [
         ("max_prompt_length", c.max_prompt_length, report.suggested_prompt_length, report.prompts, "p95")
@@ -600,7 +600,7 @@ def position_findings(c: ProbeConfig, spec: Any) -> list[Finding]:
 
 
 def verl_findings(overrides: dict[str, Any], gpus: int) -> list[Finding]:
-    from autotune.verl_export import verl_rule_violations
+    from autotune.formats.verl import verl_rule_violations
 
     fix = "change the values so the rule holds: verl rejects the config at start-up"
     return [Finding("verl", v, fix) for v in verl_rule_violations(overrides, gpus)]
@@ -641,7 +641,7 @@ def estimate_memory(
     whole-model bf16 autocast copies are dropped. SHARD_GRAD_OP: gradients and optimizer ÷ W, weights
     replicated. cpu_offload: the states live in CPU memory and Adam steps there.
     """
-    from autotune.memory_model import MemoryModel
+    from autotune.memory.model import MemoryModel
 
     model = MemoryModel(arch, gpus, "cuda")
     b = model.breakdown(config)
@@ -817,7 +817,7 @@ def memory_findings(
 
 
 def _card(options: CheckOptions, target: Target) -> tuple[str, float] | None:
-    from autotune.gpus import gpu_memory_gib, normalise
+    from autotune.memory.gpus import gpu_memory_gib, normalise
 
     if options.gpu:
         return normalise(options.gpu), gpu_memory_gib(options.gpu)
@@ -868,14 +868,14 @@ def _model_checks(
     options: CheckOptions, target: Target, config: ProbeConfig, gpus: int, card: tuple[str, float] | None
 ) -> tuple[list[Finding], dict[str, Any] | None]:
     """Lengths against the data, positions and memory: the checks that need the model."""
-    from autotune.memory_model import Architecture
-    from autotune.registry import resolve_model
+    from autotune.memory.model import Architecture
+    from autotune.models.registry import resolve_model
 
     name = options.model or registry_name(target.model)
     findings: list[Finding] = []
     report = None
     if options.data is not None:
-        from autotune.lengths import measure_lengths
+        from autotune.data.lengths import measure_lengths
 
         report = measure_lengths(options.data, name or "tiny-llama", options.prompt_key, options.response_key)
         findings += length_findings(config, report)

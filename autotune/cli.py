@@ -301,7 +301,7 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_lengths(args: argparse.Namespace) -> int:
-    from autotune.lengths import measure_lengths, parse_percentiles, print_report
+    from autotune.data.lengths import measure_lengths, parse_percentiles, print_report
 
     percentiles = parse_percentiles(args.percentiles)
     report = measure_lengths(args.data, args.model, args.prompt_key, args.response_key, percentiles)
@@ -343,10 +343,10 @@ def resolve_device(requested: str, gpus: int) -> str:
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
-    from autotune.knobs import make_config, parse_sets
-    from autotune.launcher import ProbeSettings, run_probe
-    from autotune.registry import resolve_model, resolve_reward_model
-    from autotune.report_console import print_probe_result
+    from autotune.config.knobs import make_config, parse_sets
+    from autotune.models.registry import resolve_model, resolve_reward_model
+    from autotune.probe.launcher import ProbeSettings, run_probe
+    from autotune.report.console import print_probe_result
 
     config = make_config(parse_sets(args.sets), args.gpus)
     spec = resolve_model(args.model, args.weights, args.trust_remote_code)
@@ -385,7 +385,7 @@ def check_lengths(config, spec) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from autotune.run import RunOptions, parse_duration, run_study
+    from autotune.search.run import RunOptions, parse_duration, run_study
 
     options = RunOptions(
         space=args.space,
@@ -412,8 +412,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from autotune.run import parse_duration
-    from autotune.worker import WorkerOptions, run_worker
+    from autotune.search.run import parse_duration
+    from autotune.search.worker import WorkerOptions, run_worker
 
     options = WorkerOptions(
         study=args.study,
@@ -430,7 +430,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from autotune.report_cli import ReportOptions, report_study
+    from autotune.report.command import ReportOptions, report_study
 
     return report_study(
         ReportOptions(
@@ -446,8 +446,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from autotune.registry import list_models
-    from autotune.report_console import print_models
+    from autotune.models.registry import list_models
+    from autotune.report.console import print_models
 
     rows = list_models()
     if args.json:
@@ -469,7 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        from autotune.storage import scrub, transient
+        from autotune.search.storage import scrub, transient
 
         if not transient(exc):
             raise

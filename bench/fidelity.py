@@ -43,10 +43,10 @@ from typing import Any
 
 import pandas as pd
 
-from autotune import forkserver, launcher
-from autotune.knobs import ProbeConfig
-from autotune.launcher import ProbeSettings, run_probe
-from autotune.space import EXPONENT_ORDER, SearchSpace, load_space
+from autotune.config.knobs import ProbeConfig
+from autotune.probe import forkserver, launcher
+from autotune.probe.launcher import ProbeSettings, run_probe
+from autotune.search.space import EXPONENT_ORDER, SearchSpace, load_space
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "fidelity.jsonl"
 SHORT, LONG = "short", "long"

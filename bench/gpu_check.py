@@ -243,7 +243,7 @@ def environment(check: Check) -> dict[str, Any]:
 
 
 def settings(check: Check, budget_gib: float | None = None):
-    from autotune.launcher import ProbeSettings
+    from autotune.probe.launcher import ProbeSettings
 
     return ProbeSettings(
         model=check.plan.model,
@@ -255,8 +255,8 @@ def settings(check: Check, budget_gib: float | None = None):
 
 
 def probe(check: Check, fields: dict[str, Any], budget_gib: float | None = None) -> dict[str, Any]:
-    from autotune.knobs import ProbeConfig
-    from autotune.launcher import run_probe
+    from autotune.config.knobs import ProbeConfig
+    from autotune.probe.launcher import run_probe
 
     result = run_probe(ProbeConfig(**fields), settings(check, budget_gib)).to_dict()
     result["stderr_tail"] = result.get("stderr_tail", "")[-1500:]
@@ -344,9 +344,9 @@ def peaks(check: Check) -> dict[str, Any]:
 
 def memory_model(check: Check) -> dict[str, Any]:
     """The model's peak against each measured one: the prior, and calibrated on the other probes."""
-    from autotune.knobs import ProbeConfig
-    from autotune.memory_model import Architecture, MemoryModel
-    from autotune.registry import resolve_model
+    from autotune.config.knobs import ProbeConfig
+    from autotune.memory.model import Architecture, MemoryModel
+    from autotune.models.registry import resolve_model
 
     arch = Architecture.from_specs(resolve_model(check.plan.model))
     points = {
@@ -429,9 +429,9 @@ def study_budget(check: Check) -> float:
     Set from the measurements, not guessed, so that the study has feasible configs on any GPU and torch;
     the plan's own budget when the medium probe did not run.
     """
-    from autotune.knobs import ProbeConfig
-    from autotune.memory_model import Architecture, MemoryModel
-    from autotune.registry import resolve_model
+    from autotune.config.knobs import ProbeConfig
+    from autotune.memory.model import Architecture, MemoryModel
+    from autotune.models.registry import resolve_model
 
     medium = check.probes.get("medium")
     if not medium or medium["status"] != "ok":

@@ -56,9 +56,15 @@ def main() -> None:
     parser.add_argument("--model", default="llama-2-7b")
     args = parser.parse_args()
 
-    from autotune.lengths import collect_texts, measure_lengths, prompt_counts, read_records, response_counts
-    from autotune.registry import resolve_model
-    from autotune.tokenizer import load_tokenizer
+    from autotune.data.lengths import (
+        collect_texts,
+        measure_lengths,
+        prompt_counts,
+        read_records,
+        response_counts,
+    )
+    from autotune.models.registry import resolve_model
+    from autotune.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(resolve_model(args.model))
     tokenizer(["warm up"] * 8)

@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).parent))  # the sibling bench scripts, als
 import fidelity
 from memory_points import triples
 
-from autotune.knobs import ProbeConfig
-from autotune.memory_model import Architecture, MemoryModel
-from autotune.registry import resolve_model, resolve_reward_model
-from autotune.space import SearchSpace, load_space
+from autotune.config.knobs import ProbeConfig
+from autotune.memory.model import Architecture, MemoryModel
+from autotune.models.registry import resolve_model, resolve_reward_model
+from autotune.search.space import SearchSpace, load_space
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "memory_model.jsonl"
 

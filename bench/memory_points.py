@@ -182,9 +182,9 @@ def load(points: Path) -> list[dict]:
 
 
 def check(points: Path, calibrate_on: list[str]) -> None:
-    from autotune.knobs import ProbeConfig
-    from autotune.memory_model import Architecture, MemoryModel
-    from autotune.registry import resolve_model, resolve_reward_model
+    from autotune.config.knobs import ProbeConfig
+    from autotune.memory.model import Architecture, MemoryModel
+    from autotune.models.registry import resolve_model, resolve_reward_model
 
     rows = load(points)
     models: dict[tuple, MemoryModel] = {}
@@ -237,8 +237,8 @@ def triples(rows: list[dict], model_for) -> None:
     """Every choice of 3 calibration points (tiny-llama, one rank): the spread of held-out errors."""
     import itertools
 
-    from autotune.knobs import ProbeConfig
-    from autotune.memory_model import fit_constant_and_factor
+    from autotune.config.knobs import ProbeConfig
+    from autotune.memory.model import fit_constant_and_factor
 
     pool = [
         r for r in rows if r["model"] == "tiny-llama" and r["gpus"] == 1 and r["reward_model"] == "function"

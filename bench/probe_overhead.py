@@ -14,9 +14,9 @@ import os
 import statistics
 import time
 
-from autotune import forkserver
-from autotune.knobs import ProbeConfig
-from autotune.launcher import ProbeSettings, run_probe
+from autotune.config.knobs import ProbeConfig
+from autotune.probe import forkserver
+from autotune.probe.launcher import ProbeSettings, run_probe
 
 CONFIGS = {
     "issue example (T16 R8 m4 g2, 32+16 tokens)": ProbeConfig(

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import optuna
 
-from autotune.knobs import ProbeConfig
-from autotune.launcher import ProbeSettings, run_probe
-from autotune.memory_model import Architecture, MemoryModel
-from autotune.registry import resolve_model, resolve_reward_model
-from autotune.result import GIB, ProbeResult
-from autotune.space import load_space
-from autotune.study import Budget, Tuner, config_key, enqueue_seed_configs, make_sampler
+from autotune.config.knobs import ProbeConfig
+from autotune.memory.model import Architecture, MemoryModel
+from autotune.models.registry import resolve_model, resolve_reward_model
+from autotune.probe.contract import GIB, ProbeResult
+from autotune.probe.launcher import ProbeSettings, run_probe
+from autotune.search.space import load_space
+from autotune.search.study import Budget, Tuner, config_key, enqueue_seed_configs, make_sampler
 
 CHECKPOINTS = (6, 12, 20)
 METHODS = ("random", "autotune")

@@ -35,7 +35,7 @@ def space_with_short_probes(folder: Path) -> Path:
     """cpu-tiny with the shortest real probe: no warm-up, one measured iteration."""
     import yaml
 
-    from autotune.space import load_space
+    from autotune.search.space import load_space
 
     data = dict(load_space("cpu-tiny").raw)
     data["probe"] = {**data.get("probe", {}), "warmup": 0, "iterations": 1}
@@ -46,7 +46,7 @@ def space_with_short_probes(folder: Path) -> Path:
 
 def watch(storage: str, study: str, marks: list[int], stop: threading.Event, seen: dict[int, dict]) -> None:
     """Record the tuner's RSS and the elapsed time when the study first reaches each mark."""
-    from autotune.study import finished_trials, open_study
+    from autotune.search.study import finished_trials, open_study
 
     me, started, opened = psutil.Process(), time.monotonic(), None
     while not stop.is_set() and len(seen) < len(marks):
@@ -62,9 +62,9 @@ def watch(storage: str, study: str, marks: list[int], stop: threading.Event, see
 
 
 def soak(trials: int, parallel: int, marks: list[int], folder: Path) -> dict:
-    import autotune.run
-    from autotune.run import RunOptions, run_study
-    from autotune.storage import default_storage_url
+    import autotune.search.run
+    from autotune.search.run import RunOptions, run_study
+    from autotune.search.storage import default_storage_url
 
     study = "soak"
     storage = default_storage_url(folder / study, parallel)

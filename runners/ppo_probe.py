@@ -1,7 +1,7 @@
 """Probe program: one rank of a short PPO/GRPO run that measures one batch configuration.
 
-Launched by path by `autotune.launcher` (never imported by the tuner), once per rank, with RANK/WORLD_SIZE/
-MASTER_ADDR/MASTER_PORT in the environment. Reads `--job JOB.json` ({"config", "settings"}), writes
+Launched by path by `autotune.probe.launcher` (never imported by the tuner), once per rank, with RANK/
+WORLD_SIZE/MASTER_ADDR/MASTER_PORT in the environment. Reads `--job JOB.json` ({"config", "settings"}), writes
 `--out DIR/result.rank<R>.json`. Exit codes: 0 measured, 3 out of memory (result written), other: crash.
 """
 
@@ -80,13 +80,13 @@ def setup_device(settings: dict[str, Any], rank: int, world_size: int):
 def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     import torch
 
-    from autotune.knobs import ProbeConfig
-    from autotune.measure import NvmlSampler, peak_memory
-    from autotune.ppo import StepContext, iteration, warmup_config
-    from autotune.probe_models import build_models
-    from autotune.prompts import prompt_batches
-    from autotune.registry import resolve_model, resolve_reward_model
-    from autotune.tokenizer import load_tokenizer
+    from autotune.config.knobs import ProbeConfig
+    from autotune.models.registry import resolve_model, resolve_reward_model
+    from autotune.models.tokenizer import load_tokenizer
+    from autotune.probe.rank.measure import NvmlSampler, peak_memory
+    from autotune.probe.rank.models import build_models
+    from autotune.probe.rank.ppo import StepContext, iteration, warmup_config
+    from autotune.probe.rank.prompts import prompt_batches
 
     config = ProbeConfig(**job["config"])
     settings = job["settings"]
@@ -173,7 +173,7 @@ def main() -> int:
     except BaseException as exc:
         if not is_out_of_memory(exc):
             raise
-        from autotune.measure import peak_memory
+        from autotune.probe.rank.measure import peak_memory
 
         kind = "cuda" if job["settings"]["device"] == "cuda" else "host"
         write_result(

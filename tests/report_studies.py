@@ -7,9 +7,9 @@ from typing import Any
 
 import optuna
 
-from autotune.knobs import ProbeConfig
-from autotune.result import GIB, ProbeResult
-from autotune.study import Budget, Outcome, Tuner
+from autotune.config.knobs import ProbeConfig
+from autotune.probe.contract import GIB, ProbeResult
+from autotune.search.study import Budget, Outcome, Tuner
 
 BUDGET = Budget(int(1.0 * GIB), 0.10)  # feasible: peak <= 0.9 GiB
 BASE = ProbeConfig(

@@ -17,11 +17,11 @@ from autotune.check import (
     rollout_findings,
 )
 from autotune.cli import main
-from autotune.gpus import gpu_memory_gib, normalise
-from autotune.knobs import ProbeConfig
-from autotune.memory_model import GIB, Architecture, MemoryModel
-from autotune.registry import resolve_model
-from autotune.verl_export import format_overrides, verl_overrides
+from autotune.config.knobs import ProbeConfig
+from autotune.formats.verl import format_overrides, verl_overrides
+from autotune.memory.gpus import gpu_memory_gib, normalise
+from autotune.memory.model import GIB, Architecture, MemoryModel
+from autotune.models.registry import resolve_model
 
 DATA = Path(__file__).resolve().parent / "data"
 SCENARIO_1 = DATA / "seed_scenario_1.yaml"  # 2× A100 80G, Llama-2-7B LoRA r=64, DeBERTa reward

@@ -23,11 +23,11 @@ import pytest
 
 from autotune.cli import main
 from autotune.errors import Unavailable
-from autotune.launcher import ProbeSettings, run_probe
-from autotune.report import remember_context, write_report
-from autotune.space import sample_config
-from autotune.storage import retrying
-from autotune.study import finished_trials, keep_pending, open_study, trial_status
+from autotune.probe.launcher import ProbeSettings, run_probe
+from autotune.report.write import remember_context, write_report
+from autotune.search.space import sample_config
+from autotune.search.storage import retrying
+from autotune.search.study import finished_trials, keep_pending, open_study, trial_status
 from tests.conftest import REPO, run_cli
 from tests.test_study import BUDGET, FakeProbe, make_tuner
 

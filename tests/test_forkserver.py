@@ -9,9 +9,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune import forkserver
-from autotune.knobs import ProbeConfig
-from autotune.launcher import ProbeSettings, run_probe
+from autotune.config.knobs import ProbeConfig
+from autotune.probe import forkserver
+from autotune.probe.launcher import ProbeSettings, run_probe
 
 FAKES = Path(__file__).parent / "fake_runners"
 ISSUE_EXAMPLE = ProbeConfig(

@@ -1,7 +1,7 @@
 import pytest
 
+from autotune.config.knobs import ProbeConfig, make_config, parse_sets, violations
 from autotune.errors import UserError
-from autotune.knobs import ProbeConfig, make_config, parse_sets, violations
 
 
 def test_parse_sets_types_values():

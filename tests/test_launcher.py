@@ -6,8 +6,8 @@ from pathlib import Path
 
 import psutil
 
-from autotune.knobs import ProbeConfig
-from autotune.launcher import ProbeSettings, run_probe, runner_path
+from autotune.config.knobs import ProbeConfig
+from autotune.probe.launcher import ProbeSettings, run_probe, runner_path
 
 FAKES = Path(__file__).parent / "fake_runners"
 

@@ -10,8 +10,7 @@ import pandas as pd
 import pytest
 
 from autotune.cli import main
-from autotune.errors import UserError
-from autotune.lengths import (
+from autotune.data.lengths import (
     length_stats,
     parse_percentiles,
     pick_keys,
@@ -20,8 +19,9 @@ from autotune.lengths import (
     suggest_limit,
     truncated_share,
 )
-from autotune.registry import resolve_model
-from autotune.tokenizer import load_tokenizer
+from autotune.errors import UserError
+from autotune.models.registry import resolve_model
+from autotune.models.tokenizer import load_tokenizer
 
 MODEL = "tiny-llama"  # a registry name: the project's offline BPE, where "the" and " the" are one token each
 RECORDS = 3000

@@ -5,8 +5,8 @@ import itertools
 
 import pytest
 
-from autotune.knobs import ProbeConfig
-from autotune.memory_model import (
+from autotune.config.knobs import ProbeConfig
+from autotune.memory.model import (
     PRIORS,
     Architecture,
     MemoryModel,
@@ -14,12 +14,12 @@ from autotune.memory_model import (
     minimum_bytes,
     predict_components,
 )
-from autotune.registry import resolve_model
+from autotune.models.registry import resolve_model
 
 GB = 10**9
 GIB = 1024**3
 
-# Published configs (autotune/model_configs); parameter counts as registry.count_parameters gives them.
+# Published configs (autotune/models/configs); parameter counts as registry.count_parameters gives them.
 LLAMA_7B = Architecture(
     layers=32,
     hidden=4096,

@@ -39,8 +39,10 @@ def test_wheel_ships_runner_spaces_configs_and_tokenizer(wheel_names):
     names = set(wheel_names)
     assert "autotune/runners/ppo_probe.py" in names
     assert "autotune/search_spaces/cpu-tiny.yaml" in names and "autotune/search_spaces/default.yaml" in names
-    assert "autotune/model_configs/llama-2-7b.json" in names
-    assert any(name.startswith("autotune/tokenizer/") and name.endswith(".json") for name in names)
+    assert "autotune/models/configs/llama-2-7b.json" in names
+    assert any(
+        name.startswith("autotune/models/tokenizer_files/") and name.endswith(".json") for name in names
+    )
 
 
 def test_wheel_installs_only_the_autotune_package(wheel_names):

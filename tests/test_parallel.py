@@ -11,11 +11,11 @@ import optuna
 import pytest
 
 from autotune.errors import UserError
-from autotune.launcher import ProbeSettings, _rank_env
-from autotune.slots import oversubscribed, plan_slots, visible_gpus
-from autotune.space import config_to_params
-from autotune.storage import check_parallel_safe, default_storage_url, journal_path, make_storage
-from autotune.study import _retry_stale_trial, finished_trials, recover_stale_trials
+from autotune.probe.launcher import ProbeSettings, _rank_env
+from autotune.search.slots import oversubscribed, plan_slots, visible_gpus
+from autotune.search.space import config_to_params
+from autotune.search.storage import check_parallel_safe, default_storage_url, journal_path, make_storage
+from autotune.search.study import _retry_stale_trial, finished_trials, recover_stale_trials
 from tests.conftest import run_cli
 from tests.test_study import FakeProbe, make_tuner
 

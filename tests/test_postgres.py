@@ -71,7 +71,7 @@ def _autotune(*args: str) -> subprocess.Popen:
 
 def _wait_for_plan(url: str, name: str, timeout: float = 300) -> None:
     """Until `autotune run` has created the study and stored its probe plan (workers need both)."""
-    from autotune.run import PLAN_ATTR
+    from autotune.search.run import PLAN_ATTR
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

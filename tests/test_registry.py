@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoConfig, LlamaConfig
 
-from autotune import registry
 from autotune.errors import UserError
-from autotune.registry import (
+from autotune.models import registry
+from autotune.models.registry import (
     REWARD_FUNCTION,
     ModelSpec,
     build_causal_lm,

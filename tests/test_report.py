@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 import yaml
 
+from autotune.config.knobs import ProbeConfig, violations
 from autotune.errors import UserError
-from autotune.knobs import ProbeConfig, violations
-from autotune.report import FILES, remember_context, select, write_report
-from autotune.result import GIB
-from autotune.study import Budget, best_feasible
-from autotune.verl_export import AR, parse_overrides, verl_rule_violations
+from autotune.formats.verl import AR, parse_overrides, verl_rule_violations
+from autotune.probe.contract import GIB
+from autotune.report.write import FILES, remember_context, select, write_report
+from autotune.search.study import Budget, best_feasible
 from tests.report_studies import (
     BUDGET,
     FakeProbe,
@@ -290,11 +290,11 @@ def test_report_paths_are_created(tmp_path):
 
 
 def test_a_study_run_by_the_tuner_reports_its_winner(tmp_path):
-    from autotune.launcher import ProbeSettings
-    from autotune.memory_model import Architecture, MemoryModel
-    from autotune.registry import resolve_model
-    from autotune.space import load_space
-    from autotune.study import Tuner, enqueue_seed_configs
+    from autotune.memory.model import Architecture, MemoryModel
+    from autotune.models.registry import resolve_model
+    from autotune.probe.launcher import ProbeSettings
+    from autotune.search.space import load_space
+    from autotune.search.study import Tuner, enqueue_seed_configs
 
     space = load_space("cpu-tiny")
     budget = Budget(int(space.memory_budget_gib * GIB), space.headroom)

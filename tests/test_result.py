@@ -1,4 +1,4 @@
-from autotune.result import GIB, classify
+from autotune.probe.contract import GIB, classify
 
 OK_RESULT = {"status": "ok"}
 

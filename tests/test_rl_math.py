@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from autotune.rl_math import (
+from autotune.probe.rank.rl_math import (
     compute_gae,
     grpo_advantages,
     kl_penalty,

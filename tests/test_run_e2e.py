@@ -13,7 +13,7 @@ import optuna
 import pytest
 import yaml
 
-from autotune.knobs import ProbeConfig, violations
+from autotune.config.knobs import ProbeConfig, violations
 from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.e2e

@@ -1,7 +1,7 @@
 import pytest
 
 from autotune.errors import UserError
-from autotune.run import default_study_name, parse_duration
+from autotune.search.run import default_study_name, parse_duration
 
 
 @pytest.mark.parametrize(

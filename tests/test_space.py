@@ -9,9 +9,9 @@ import optuna
 import pytest
 from optuna.trial import FixedTrial
 
+from autotune.config.knobs import ProbeConfig, violations
 from autotune.errors import UserError
-from autotune.knobs import ProbeConfig, violations
-from autotune.space import (
+from autotune.search.space import (
     SpaceError,
     at_least_as_large,
     config_to_params,
@@ -30,8 +30,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def is_registry_model(name: str) -> bool:
-    """A registry name (autotune.registry ships one config.json per name; importing it costs seconds)."""
-    return resources.files("autotune.model_configs").joinpath(f"{name}.json").is_file()
+    """A registry name (autotune.models.registry ships one config.json per name; importing it is slow)."""
+    return resources.files("autotune.models.configs").joinpath(f"{name}.json").is_file()
 
 
 def tiny_space(cores: int = 2, **changes):

@@ -8,12 +8,12 @@ import optuna
 import pytest
 
 from autotune.errors import UserError
-from autotune.launcher import ProbeSettings
-from autotune.memory_model import Architecture, MemoryModel
-from autotune.registry import resolve_model
-from autotune.result import GIB, ProbeResult
-from autotune.space import load_space
-from autotune.study import (
+from autotune.memory.model import Architecture, MemoryModel
+from autotune.models.registry import resolve_model
+from autotune.probe.contract import GIB, ProbeResult
+from autotune.probe.launcher import ProbeSettings
+from autotune.search.space import load_space
+from autotune.search.study import (
     Budget,
     Tuner,
     best_feasible,

@@ -11,10 +11,10 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, PreTrainedTokenizerFast
 
-from autotune import registry, tokenizer
 from autotune.errors import UserError
-from autotune.registry import resolve_model
-from autotune.tokenizer import load_project_tokenizer, load_tokenizer
+from autotune.models import registry, tokenizer
+from autotune.models.registry import resolve_model
+from autotune.models.tokenizer import load_project_tokenizer, load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = [

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.knobs import ProbeConfig, violations
-from autotune.space import load_space
-from autotune.verl_export import (
+from autotune.config.knobs import ProbeConfig, violations
+from autotune.formats.verl import (
     AR,
     format_overrides,
     format_value,
@@ -26,6 +25,7 @@ from autotune.verl_export import (
     verl_overrides,
     verl_rule_violations,
 )
+from autotune.search.space import load_space
 from tests.conftest import REPO
 
 SEED_51 = ProbeConfig(

@@ -1,4 +1,4 @@
-"""Train the project's offline tokenizer: `autotune/tokenizer/autotune-bpe.json`.
+"""Train the project's offline tokenizer: `autotune/models/tokenizer_files/autotune-bpe.json`.
 
 Registry models (`llama-2-7b`, `qwen2.5-0.5b`, ...) ship without their real tokenizers (nothing can be
 downloaded), so the probe counts tokens with this byte-level BPE instead. It is trained, deterministically,
@@ -13,8 +13,8 @@ Same Python version -> same corpus -> same file (checked by `corpus_sha256` in t
 Python version gives a slightly different corpus and therefore a slightly different vocabulary; regenerate
 only on purpose and commit both files.
 
-    python tools/make_tokenizer.py            # writes autotune/tokenizer/autotune-bpe{,.meta}.json
-    python tools/make_tokenizer.py --check    # exit 1 if the shipped file differs from a fresh build
+    python tools/make_tokenizer.py          # writes autotune/models/tokenizer_files/autotune-bpe{,.meta}.json
+    python tools/make_tokenizer.py --check  # exit 1 if the shipped file differs from a fresh build
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 VOCAB_SIZE = 24_576
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]  # ids 0..4: bos=1, eos=2 as Llama
 SKIPPED_DIRS = {"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"}
-OUT_DIR = Path(__file__).resolve().parent.parent / "autotune" / "tokenizer"
+OUT_DIR = Path(__file__).resolve().parent.parent / "autotune" / "models" / "tokenizer_files"
 OUT_FILE = OUT_DIR / "autotune-bpe.json"
 META_FILE = OUT_DIR / "autotune-bpe.meta.json"
 

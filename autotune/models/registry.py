@@ -1,10 +1,10 @@
 """Model registry: known architectures by name, or a local Hugging Face model directory.
 
 A registry name (`llama-2-7b`, `qwen2.5-0.5b`, ...) is the published `config.json` of that model, shipped in
-`autotune/model_configs/`: the architecture only, no weights. The probe builds it with random weights —
+`autotune/models/configs/`: the architecture only, no weights. The probe builds it with random weights —
 memory and speed do not depend on the values of the weights — and nothing is ever downloaded. A local
 directory is read with `local_files_only=True`; it may hold real weights (`weights="pretrained"`) and its own
-tokenizer (see `autotune.tokenizer`).
+tokenizer (see `autotune.models.tokenizer`).
 
     spec = resolve_model("qwen2.5-0.5b")
     actor = build_causal_lm(spec, dtype=torch.bfloat16, device="cuda")
@@ -37,7 +37,7 @@ from transformers import (
 
 from autotune.errors import UserError
 
-CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 # name -> (role, where the config comes from). Roles: "actor" (policy/critic/reference), "reward" (reward
 # model), "test" (tiny models for CPU tests: 2 layers, width 64, as torchtune's recipe tests).

@@ -1,6 +1,6 @@
 """Predict a probe rank's peak memory from the architecture and the batch knobs (DESIGN §9), then calibrate.
 
-The model follows what `autotune.ppo` and `autotune.probe_models` actually allocate, per rank:
+The model follows what `autotune.probe.rank.ppo` and `autotune.probe.rank.models` actually allocate, per rank:
 
 - static (alive through the whole iteration): the weights of the actor, the reference (none with LoRA: the
   base model with adapters disabled is the reference), the critic (PPO only) and the reward model, in the
@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.knobs import ProbeConfig
+from autotune.config.knobs import ProbeConfig
 
 DEVICES = ("cpu", "cuda")
 GIB = 1024**3
@@ -68,7 +68,7 @@ class Architecture:
     @classmethod
     def from_specs(cls, actor_spec, reward_spec=None) -> Architecture:
         """From `ModelSpec`s: llama/qwen2 field names for the actor; deberta (or similar) for the reward."""
-        from autotune.registry import count_parameters
+        from autotune.models.registry import count_parameters
 
         c = actor_spec.config
         heads = c.num_attention_heads

@@ -4,7 +4,8 @@
   tokenizer (`AutoTokenizer.from_pretrained(path, local_files_only=True)`): token counts are exact.
 - A registry name (`llama-2-7b`, `qwen2.5-7b`, ...) ships an architecture but not the real tokenizer, which
   cannot be downloaded here. Such models use the tokenizer shipped with this project,
-  `autotune/tokenizer/autotune-bpe.json`: a byte-level BPE of ~23k tokens trained by `tools/make_tokenizer.py`
+  `autotune/models/tokenizer_files/autotune-bpe.json`: a byte-level BPE of ~23k tokens trained by
+  `tools/make_tokenizer.py`
   on the English docstrings, comments and reference text of Python's standard library. Its token counts are
   an approximation of the real model's (of the same order for English prose; code, other languages and
   numbers can differ by tens of percent), so prompt and response lengths measured on user data are
@@ -27,9 +28,9 @@ from autotune.errors import UserError
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from autotune.registry import ModelSpec
+    from autotune.models.registry import ModelSpec
 
-TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer"
+TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer_files"
 PROJECT_TOKENIZER_FILE = TOKENIZER_DIR / "autotune-bpe.json"
 PROJECT_TOKENIZER_META = TOKENIZER_DIR / "autotune-bpe.meta.json"
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>"}

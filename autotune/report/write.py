@@ -34,12 +34,12 @@ import pandas as pd
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.config.knobs import ProbeConfig
 from autotune.errors import Unavailable, UserError
-from autotune.knobs import ProbeConfig
-from autotune.report_md import render_markdown, status_of
-from autotune.result import GIB
-from autotune.study import Budget, memory_model_error, ok_front, pareto_best, trial_config
-from autotune.verl_export import VerlOverrides, format_overrides, verl_overrides
+from autotune.formats.verl import VerlOverrides, format_overrides, verl_overrides
+from autotune.probe.contract import GIB
+from autotune.report.markdown import render_markdown, status_of
+from autotune.search.study import Budget, memory_model_error, ok_front, pareto_best, trial_config
 
 __all__ = [
     "CONTEXT_ATTR",
@@ -180,7 +180,7 @@ def model_name_or_path(name: str) -> str:
     """The Hugging Face id of a registry model (the seed's `model_name_or_path`), else the name or path."""
     if Path(name).exists() or name == "unknown":
         return name
-    from autotune.registry import MODELS  # imports torch: only when there is a name to look up
+    from autotune.models.registry import MODELS  # imports torch: only when there is a name to look up
 
     role, source = MODELS.get(name, ("", name))
     return name if role in ("test", "") else source
@@ -473,7 +473,7 @@ def write_report(
     `budget` defaults to the one stored with the study (`remember_context`); model, reward model and GPU count
     come from the arguments, else `space`, else the study. Works on a finished study and on a running one.
     """
-    from autotune.report_html import render_html  # matplotlib: imported only to write a report
+    from autotune.report.html import render_html  # matplotlib: imported only to write a report
 
     budget = budget or budget_from_study(study)
     if budget is None:

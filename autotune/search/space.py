@@ -72,8 +72,8 @@ from typing import Any
 
 import yaml
 
+from autotune.config.knobs import ALGORITHMS, ProbeConfig, physical_cores
 from autotune.errors import UserError
-from autotune.knobs import ALGORITHMS, ProbeConfig, physical_cores
 
 __all__ = [
     "MEMORY_EQUAL_FIELDS",

@@ -68,12 +68,12 @@ PRELOAD = (
     "transformers.models.qwen2.modeling_qwen2",
     "transformers.models.deberta_v2.modeling_deberta_v2",
     "peft",
-    "autotune.measure",
-    "autotune.ppo",
-    "autotune.probe_models",
-    "autotune.prompts",
-    "autotune.registry",
-    "autotune.tokenizer",
+    "autotune.probe.rank.measure",
+    "autotune.probe.rank.ppo",
+    "autotune.probe.rank.models",
+    "autotune.probe.rank.prompts",
+    "autotune.models.registry",
+    "autotune.models.tokenizer",
 )
 _PR_SET_PDEATHSIG = 1
 _MADV_POPULATE_READ = 22  # Linux 5.14+

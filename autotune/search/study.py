@@ -29,13 +29,13 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.config.knobs import ProbeConfig
 from autotune.errors import Unavailable, UserError
-from autotune.knobs import ProbeConfig
-from autotune.launcher import ProbeSettings, run_probe
-from autotune.memory_model import MemoryModel
-from autotune.result import GIB, ProbeResult
-from autotune.space import SearchSpace, at_least_as_large, config_to_params, sample_config
-from autotune.storage import GRACE_SECONDS, PATIENCE_SECONDS, make_storage, redact, retrying, scrub
+from autotune.memory.model import MemoryModel
+from autotune.probe.contract import GIB, ProbeResult
+from autotune.probe.launcher import ProbeSettings, run_probe
+from autotune.search.space import SearchSpace, at_least_as_large, config_to_params, sample_config
+from autotune.search.storage import GRACE_SECONDS, PATIENCE_SECONDS, make_storage, redact, retrying, scrub
 
 DIRECTIONS = [optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE]
 METRIC_NAMES = ["samples_per_sec", "peak_memory_bytes"]

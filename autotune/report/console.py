@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from autotune.result import GIB, ProbeResult
+from autotune.probe.contract import GIB, ProbeResult
 
 
 def _gib(value: int | None) -> str:

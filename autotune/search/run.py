@@ -19,13 +19,13 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from autotune.config.knobs import ProbeConfig
 from autotune.errors import UserError
-from autotune.knobs import ProbeConfig
-from autotune.launcher import ProbeSettings
-from autotune.result import GIB
-from autotune.slots import Slot, oversubscribed, plan_slots
-from autotune.storage import check_parallel_safe, default_storage_url
-from autotune.study import (
+from autotune.probe.contract import GIB
+from autotune.probe.launcher import ProbeSettings
+from autotune.search.slots import Slot, oversubscribed, plan_slots
+from autotune.search.storage import check_parallel_safe, default_storage_url
+from autotune.search.study import (
     SWEEP_SECONDS,
     Budget,
     Tuner,
@@ -278,9 +278,9 @@ def resolve_budget_gib(space, options: RunOptions, device: str) -> float:
 def prepare(options: RunOptions, console: Console):
     """Everything checked before the first probe: space, model, budget, storage, study."""
     from autotune.cli import check_lengths, resolve_device
-    from autotune.memory_model import Architecture, MemoryModel
-    from autotune.registry import resolve_model, resolve_reward_model
-    from autotune.space import load_space
+    from autotune.memory.model import Architecture, MemoryModel
+    from autotune.models.registry import resolve_model, resolve_reward_model
+    from autotune.search.space import load_space
 
     space = load_space(options.space)
     changes = {
@@ -296,7 +296,7 @@ def prepare(options: RunOptions, console: Console):
         space = space.with_settings(**changes)
     lengths = None
     if options.data is not None:
-        from autotune.lengths import measure_lengths
+        from autotune.data.lengths import measure_lengths
 
         lengths = measure_lengths(options.data, space.model, options.prompt_key, options.response_key)
         space, notes = fit_space_to_data(space, lengths)
@@ -328,8 +328,8 @@ def prepare(options: RunOptions, console: Console):
 
 
 def run_study(options: RunOptions, console: Console | None = None) -> int:
-    from autotune.report import remember_context
-    from autotune.study import memory_model_error
+    from autotune.report.write import remember_context
+    from autotune.search.study import memory_model_error
 
     console = console or Console()
     space, settings, budget, model, lengths = prepare(options, console)
@@ -428,8 +428,8 @@ def print_summary(tuner: Tuner, console: Console, error: float | None, count: in
 
 def finish(tuner: Tuner, out_dir: Path, console: Console) -> int:
     """Print the best configuration and write the report (the same code as `autotune report`)."""
-    from autotune.report import write_report
-    from autotune.report_console import print_best
+    from autotune.report.console import print_best
+    from autotune.report.write import write_report
 
     print_best(best_feasible(tuner.study, tuner.budget), tuner.budget, console)
     result = write_report(tuner.study, out_dir, tuner.budget, space=tuner.space)
@@ -452,7 +452,7 @@ def length_knob_at_least(space, name: str, minimum: int) -> Any:
 
 def fit_space_to_data(space, report) -> tuple[Any, list[str]]:
     """Bound the length knobs below by the data's suggestions (p95 prompts, p90 responses)."""
-    from autotune.space import space_from_dict
+    from autotune.search.space import space_from_dict
 
     limits = {
         "max_prompt_length": report.suggested_prompt_length,

@@ -5,8 +5,8 @@ directly (not through torchrun) so that they all share one process group that we
 failure kills the whole group — ranks and their DataLoader workers — with one `killpg`.
 
 Ranks are forked from a warm fork server that has already imported torch and transformers (see
-`autotune.forkserver`; AUTOTUNE_FORKSERVER=0 disables it), or, when it is disabled or unavailable, spawned as
-fresh processes; either way they behave the same to this module.
+`autotune.probe.forkserver`; AUTOTUNE_FORKSERVER=0 disables it), or, when it is disabled or unavailable,
+spawned as fresh processes; either way they behave the same to this module.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
-from autotune import forkserver
-from autotune.forkserver import ForkedRank, ForkServerError
-from autotune.knobs import ProbeConfig
-from autotune.result import GIB, ProbeResult, classify
+from autotune.config.knobs import ProbeConfig
+from autotune.probe import forkserver
+from autotune.probe.contract import GIB, ProbeResult, classify
+from autotune.probe.forkserver import ForkedRank, ForkServerError
 
 # After one rank fails, the others usually hang in a collective: give them this long to exit on their own.
 FAILURE_GRACE_SECONDS = 5.0

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 from optuna.trial import FrozenTrial
 
-from autotune.result import GIB
-from autotune.study import describe_budget, trial_config, trial_status
+from autotune.probe.contract import GIB
+from autotune.search.study import describe_budget, trial_config, trial_status
 
 if TYPE_CHECKING:
-    from autotune.report import ReportData
+    from autotune.report.write import ReportData
 
 Table = tuple[list[str], list[list[str]]]
 KNOB_COLUMNS = (

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from autotune.knobs import ProbeConfig
-from autotune.ppo import Models
-from autotune.registry import (
+from autotune.config.knobs import ProbeConfig
+from autotune.models.registry import (
     ModelSpec,
     build_causal_lm,
     build_critic,
     build_reward_model,
 )
+from autotune.probe.rank.ppo import Models
 
 # Projections LoRA adapts in llama/qwen-style blocks; other architectures fall back to every linear layer.
 _LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -12,7 +12,8 @@ A chat column whose records end with an assistant message, with no separate resp
 last assistant message is the response, the messages before it the prompt.
 
 Registry names (`llama-2-7b`, ...) are counted with the project's offline tokenizer, an approximation of the
-real one (see `autotune.tokenizer`); a local model directory is counted with its own tokenizer, exactly.
+real one (see `autotune.models.tokenizer`); a local model directory is counted with its own tokenizer,
+exactly.
 """
 
 from __future__ import annotations
@@ -343,8 +344,10 @@ def measure_lengths(
     """Read, render and tokenize a dataset: the counts and the suggested limits (UserError on bad input)."""
     frame = read_records(Path(path))
     prompt, response = pick_keys(list(frame.columns), prompt_key, response_key)
-    from autotune.registry import resolve_model  # torch and transformers: only once the data is readable
-    from autotune.tokenizer import load_tokenizer
+    from autotune.models.registry import (
+        resolve_model,  # torch and transformers: only once the data is readable
+    )
+    from autotune.models.tokenizer import load_tokenizer
 
     spec = resolve_model(model)
     tokenizer = load_tokenizer(spec)

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.knobs import ProbeConfig, violations
+from autotune.config.knobs import ProbeConfig, violations
 
 VERL_VERSION = "0.9.1"
 AR = "actor_rollout_ref"

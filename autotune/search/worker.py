@@ -13,8 +13,8 @@ from pathlib import Path
 from rich.console import Console
 
 from autotune.errors import UserError
-from autotune.launcher import ProbeSettings
-from autotune.storage import check_parallel_safe, redact
+from autotune.probe.launcher import ProbeSettings
+from autotune.search.storage import check_parallel_safe, redact
 
 
 @dataclass
@@ -31,7 +31,7 @@ class WorkerOptions:
 
 
 def stored_plan(study, name: str, storage: str) -> dict:
-    from autotune.run import PLAN_ATTR
+    from autotune.search.run import PLAN_ATTR
 
     plan = study.user_attrs.get(PLAN_ATTR)
     if not plan:
@@ -54,13 +54,13 @@ def worker_settings(plan: dict, device: str, trust_remote_code: bool) -> ProbeSe
 
 def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     from autotune.cli import resolve_device
-    from autotune.memory_model import Architecture, MemoryModel
-    from autotune.registry import resolve_model, resolve_reward_model
-    from autotune.report import budget_from_study
-    from autotune.run import PENDING_FILE, print_summary, probe_study
-    from autotune.slots import plan_slots
-    from autotune.space import space_from_dict
-    from autotune.study import Tuner, finished_trials, memory_model_error, open_study
+    from autotune.memory.model import Architecture, MemoryModel
+    from autotune.models.registry import resolve_model, resolve_reward_model
+    from autotune.report.write import budget_from_study
+    from autotune.search.run import PENDING_FILE, print_summary, probe_study
+    from autotune.search.slots import plan_slots
+    from autotune.search.space import space_from_dict
+    from autotune.search.study import Tuner, finished_trials, memory_model_error, open_study
 
     console = console or Console()
     check_parallel_safe(options.storage, writers=2)  # a worker always shares the study with another

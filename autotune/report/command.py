@@ -9,11 +9,11 @@ import optuna
 from rich.console import Console
 
 from autotune.errors import UserError
-from autotune.launcher import ProbeSettings, run_probe
-from autotune.report import budget_from_study, resolve_context, select, write_report
-from autotune.result import GIB
-from autotune.storage import default_storage_url
-from autotune.study import Budget, open_study, trial_config
+from autotune.probe.contract import GIB
+from autotune.probe.launcher import ProbeSettings, run_probe
+from autotune.report.write import budget_from_study, resolve_context, select, write_report
+from autotune.search.storage import default_storage_url
+from autotune.search.study import Budget, open_study, trial_config
 
 
 @dataclass

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import matplotlib
 from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
-from autotune.report_md import (
+from autotune.probe.contract import GIB
+from autotune.report.markdown import (
     Table,
     closest_table,
     cost_table,
@@ -30,13 +31,12 @@ from autotune.report_md import (
     status_of,
     verl_lines,
 )
-from autotune.result import GIB
-from autotune.study import trial_config
+from autotune.search.study import trial_config
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
-    from autotune.report import ReportData
+    from autotune.report.write import ReportData
 
 # status -> (label, colour, marker, filled)
 STYLES = {

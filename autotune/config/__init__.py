@@ -1,0 +1,1 @@
+"""The configuration a probe measures and the rules it must keep: knobs, invariants, YAML validation."""

@@ -1,0 +1,1 @@
+"""What a dataset says about lengths: token counts, percentiles and the limits they suggest."""

@@ -1,0 +1,1 @@
+"""Memory: the analytic model of a probe rank's peak, its calibration, sharded estimates and advice."""

@@ -1,0 +1,1 @@
+"""Model architectures (the registry, local directories) and tokenizers, for both sides of the probe."""

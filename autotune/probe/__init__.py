@@ -1,0 +1,1 @@
+"""The probe, tuner side: launch a probe's ranks in their own process group, time it out, classify it."""
