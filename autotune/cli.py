@@ -1,6 +1,7 @@
-"""Command line: `autotune probe`, `autotune models` (and the study commands as they land).
+"""Command line: the parsers of every `autotune` command and their dispatch, nothing else.
 
-A user's mistake ends with one line on stderr and exit code 2, never a traceback.
+Each command's work lives in its stage's package (no module imports this one). A user's mistake ends with
+one line on stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -329,29 +330,20 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return run(options, as_json=args.json)
 
 
-def resolve_device(requested: str, gpus: int) -> str:
-    import torch
-
-    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    device = ("cuda" if available else "cpu") if requested == "auto" else requested
-    if device == "cuda" and gpus > available:
-        raise UserError(
-            f"--gpus {gpus}: only {available} CUDA GPU(s) are visible here; use --gpus {max(available, 1)}"
-            f"{' or --device cpu' if not available else ''}"
-        )
-    return device
-
-
 def _cmd_probe(args: argparse.Namespace) -> int:
-    from autotune.config.knobs import make_config, parse_sets
+    from autotune.config.knobs import ProbeConfig, parse_sets
+    from autotune.config.rules import config_findings, position_findings, raise_for
     from autotune.models.registry import resolve_model, resolve_reward_model
-    from autotune.probe.launcher import ProbeSettings, run_probe
+    from autotune.probe.contract import ProbeSettings
+    from autotune.probe.devices import resolve_device
+    from autotune.probe.launcher import run_probe
     from autotune.report.console import print_probe_result
 
-    config = make_config(parse_sets(args.sets), args.gpus)
+    config = ProbeConfig(**parse_sets(args.sets))
+    raise_for(config_findings(config, args.gpus))  # before the slow model lookup
     spec = resolve_model(args.model, args.weights, args.trust_remote_code)
     resolve_reward_model(args.reward_model)
-    check_lengths(config, spec)
+    raise_for(position_findings(config, spec))
     if args.warmup < 0:
         raise UserError(f"--warmup {args.warmup}: must be >= 0")
     settings = ProbeSettings(
@@ -373,15 +365,6 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     else:
         print_probe_result(result)
     return EXIT_OK if result.status == "ok" else EXIT_PROBLEM
-
-
-def check_lengths(config, spec) -> None:
-    limit = getattr(spec.config, "max_position_embeddings", None)
-    if limit and config.sequence_length > limit:
-        raise UserError(
-            f"max_prompt_length+max_response_length={config.sequence_length} exceeds {spec.name}'s "
-            f"max_position_embeddings={limit}: shorten the lengths"
-        )
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -45,7 +45,8 @@ import pandas as pd
 
 from autotune.config.knobs import ProbeConfig
 from autotune.probe import forkserver, launcher
-from autotune.probe.launcher import ProbeSettings, run_probe
+from autotune.probe.contract import ProbeSettings
+from autotune.probe.launcher import run_probe
 from autotune.search.space import EXPONENT_ORDER, SearchSpace, load_space
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "fidelity.jsonl"

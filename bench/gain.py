@@ -69,10 +69,11 @@ from autotune.check import estimate_memory
 from autotune.config.knobs import ProbeConfig, physical_cores
 from autotune.memory.model import Architecture, MemoryModel
 from autotune.models.registry import resolve_model, resolve_reward_model
-from autotune.probe.contract import GIB, ProbeResult
-from autotune.probe.launcher import ProbeSettings, run_probe
+from autotune.probe.contract import ProbeResult, ProbeSettings
+from autotune.probe.launcher import run_probe
 from autotune.search.space import SearchSpace, load_space, space_from_dict
 from autotune.search.study import Budget, best_feasible, status_counts, trial_config
+from autotune.units import GIB
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID_TABLE = ROOT / "bench" / "results" / "cpu-tiny-grid.jsonl"

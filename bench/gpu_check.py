@@ -243,7 +243,7 @@ def environment(check: Check) -> dict[str, Any]:
 
 
 def settings(check: Check, budget_gib: float | None = None):
-    from autotune.probe.launcher import ProbeSettings
+    from autotune.probe.contract import ProbeSettings
 
     return ProbeSettings(
         model=check.plan.model,

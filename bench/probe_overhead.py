@@ -16,7 +16,8 @@ import time
 
 from autotune.config.knobs import ProbeConfig
 from autotune.probe import forkserver
-from autotune.probe.launcher import ProbeSettings, run_probe
+from autotune.probe.contract import ProbeSettings
+from autotune.probe.launcher import run_probe
 
 CONFIGS = {
     "issue example (T16 R8 m4 g2, 32+16 tokens)": ProbeConfig(

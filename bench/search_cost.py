@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: imp
 
 from search_efficiency import METHODS, grid_optimum, replay
 
-from autotune.probe.contract import GIB
 from autotune.search.space import load_space
 from autotune.search.study import Budget
+from autotune.units import GIB
 
 FORK_SERVER_SECONDS = 5.0  # the warm server's start, paid once per `autotune run` (README, Benchmarks)
 DEEPSPEED = "DeepSpeed autotuner (published): 9–34 experiments, 11–40 minutes per model"

@@ -24,10 +24,11 @@ import optuna
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import Architecture, MemoryModel
 from autotune.models.registry import resolve_model, resolve_reward_model
-from autotune.probe.contract import GIB, ProbeResult
-from autotune.probe.launcher import ProbeSettings, run_probe
+from autotune.probe.contract import ProbeResult, ProbeSettings
+from autotune.probe.launcher import run_probe
 from autotune.search.space import load_space
 from autotune.search.study import Budget, Tuner, config_key, enqueue_seed_configs, make_sampler
+from autotune.units import GIB
 
 CHECKPOINTS = (6, 12, 20)
 METHODS = ("random", "autotune")

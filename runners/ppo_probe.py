@@ -2,7 +2,8 @@
 
 Launched by path by `autotune.probe.launcher` (never imported by the tuner), once per rank, with RANK/
 WORLD_SIZE/MASTER_ADDR/MASTER_PORT in the environment. Reads `--job JOB.json` ({"config", "settings"}), writes
-`--out DIR/result.rank<R>.json`. Exit codes: 0 measured, 3 out of memory (result written), other: crash.
+`--out DIR/result.rank<R>.json`. Exit codes (autotune.probe.contract): 0 measured, OOM_EXIT_CODE out of
+memory (result written), anything else a crash.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from autotune.probe.contract import OOM_EXIT_CODE
 
 
 def parse_args() -> argparse.Namespace:
@@ -188,7 +191,7 @@ def main() -> int:
             },
         )
         print(f"rank {rank}: out of memory: {exc}", file=sys.stderr)
-        return 3
+        return OOM_EXIT_CODE
     result["rank_seconds"] = time.time() - started
     write_result(args.out, rank, result)
     return 0

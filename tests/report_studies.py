@@ -8,8 +8,10 @@ from typing import Any
 import optuna
 
 from autotune.config.knobs import ProbeConfig
-from autotune.probe.contract import GIB, ProbeResult
-from autotune.search.study import Budget, Outcome, Tuner
+from autotune.probe.contract import ProbeResult
+from autotune.search.outcome import Outcome, record_outcome
+from autotune.search.study import Budget
+from autotune.units import GIB
 
 BUDGET = Budget(int(1.0 * GIB), 0.10)  # feasible: peak <= 0.9 GiB
 BASE = ProbeConfig(
@@ -70,14 +72,13 @@ def record(
     measured: bool | None = None,
     **attrs: Any,
 ) -> optuna.trial.FrozenTrial:
-    """One trial through `Tuner.record`; measured probes get a `result` like the launcher's."""
+    """One trial through `record_outcome`; measured probes get a `result` like the launcher's."""
     peak = int(peak_gib * GIB)
     if measured if measured is not None else status in ("ok", "oom", "timeout", "crashed"):
         attrs.setdefault("result", result_attrs(config, speed, peak, status))
-    tuner = Tuner(study, space=None, settings=None, budget=budget, memory_model=None)
     trial = study.ask()
     trial.suggest_int("log2_micro_batch_size", 0, 6)  # a parameter, as sample_config would set
-    return tuner.record(trial, Outcome(status, config, speed, peak, attrs=attrs))
+    return record_outcome(study, trial, Outcome(status, config, speed, peak, attrs=attrs), budget)
 
 
 def knobs(**changes: Any) -> ProbeConfig:

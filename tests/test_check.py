@@ -20,8 +20,9 @@ from autotune.cli import main
 from autotune.config.knobs import ProbeConfig
 from autotune.formats.verl import format_overrides, verl_overrides
 from autotune.memory.gpus import gpu_memory_gib, normalise
-from autotune.memory.model import GIB, Architecture, MemoryModel
+from autotune.memory.model import Architecture, MemoryModel
 from autotune.models.registry import resolve_model
+from autotune.units import GIB
 
 DATA = Path(__file__).resolve().parent / "data"
 SCENARIO_1 = DATA / "seed_scenario_1.yaml"  # 2× A100 80G, Llama-2-7B LoRA r=64, DeBERTa reward
@@ -142,14 +143,14 @@ def test_train_300_rollout_128_drops_samples(capsys):
     assert "train_batch_size=300 is not a multiple of rollout_batch_size=128" in out
     assert "3×128=384 samples and trains on 300, so 84 (22%) are dropped" in out and "KL" in out
     assert "fix: train_batch_size: 384 (3 rollouts) or 256 (2)" in out
-    assert "micro_batch_size×gradient_accumulation_steps×GPUs=32×4×2=256" in out
+    assert "micro_batch_size×gradient_accumulation_steps×gpus=32×4×2=256" in out
     assert "problems found" in out.splitlines()[-1]
 
 
 def test_workers_are_checked_against_this_machine_unless_cores_is_given():
     _, report = _check(SCENARIO_2, gpus=4, cores=4)
     (workers,) = [p for p in report["problems"] if p["check"] == "workers"]
-    assert "num_rollout_workers=6 exceeds the 4 cores given by --cores" in workers["problem"]
+    assert "num_rollout_workers=6 exceeds the 4 cores given" in workers["problem"]
     assert workers["fix"] == "num_rollout_workers: 4"
     _, report = _check(SCENARIO_3, gpus=1)
     texts = [f["problem"] for f in report["problems"] + report["notes"] if f["check"] == "workers"]
@@ -295,8 +296,8 @@ def test_unreadable_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert "not valid YAML" in _error(capsys, str(_write(tmp_path, "a: [1,\n", "bad.yaml")))
     assert "neither" in _error(capsys, str(_write(tmp_path, "- 1\n- 2\n", "list.yaml")))
     missing = _write(tmp_path, BASE.replace("micro_batch_size: 4\n", ""), "missing.yaml")
-    assert "missing micro_batch_size" in _error(capsys, str(missing))
+    assert "micro_batch_size: missing" in _error(capsys, str(missing))
     typed = _write(tmp_path, BASE.replace("micro_batch_size: 4", 'micro_batch_size: "4"'), "typed.yaml")
-    assert "micro_batch_size: expected a whole number" in _error(capsys, str(typed))
+    assert "micro_batch_size='4': must be a whole number" in _error(capsys, str(typed))
     assert "unknown GPU 'a100'" in _error(capsys, str(SCENARIO_3), "--gpu", "a100")
     assert "not allowed with argument" in _error(capsys, str(SCENARIO_3), "--gpu", "h200", "--memory", "80")

@@ -23,11 +23,14 @@ import pytest
 
 from autotune.cli import main
 from autotune.errors import Unavailable
-from autotune.probe.launcher import ProbeSettings, run_probe
-from autotune.report.write import remember_context, write_report
+from autotune.probe.contract import ProbeSettings
+from autotune.probe.launcher import run_probe
+from autotune.report.write import write_report
+from autotune.search.outage import keep_pending
+from autotune.search.plan import StudyPlan
 from autotune.search.space import sample_config
 from autotune.search.storage import retrying
-from autotune.search.study import finished_trials, keep_pending, open_study, trial_status
+from autotune.search.study import finished_trials, open_study, trial_status
 from tests.conftest import REPO, run_cli
 from tests.test_study import BUDGET, FakeProbe, make_tuner
 
@@ -188,7 +191,7 @@ def test_probe_killed_by_sigkill_is_crashed_and_the_run_goes_on(tmp_path):
 
 def _study_with_trials(tmp_path: Path) -> str:
     tuner = make_tuner(tmp_path, FakeProbe())
-    remember_context(tuner.study, tuner.space, BUDGET)
+    StudyPlan.of(tuner.space, tuner.settings, BUDGET, trials=4).save(tuner.study)
     for _ in range(4):
         tuner.step()
     return f"sqlite:///{tmp_path / 'study.db'}"

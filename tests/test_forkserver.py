@@ -11,7 +11,8 @@ import pytest
 
 from autotune.config.knobs import ProbeConfig
 from autotune.probe import forkserver
-from autotune.probe.launcher import ProbeSettings, run_probe
+from autotune.probe.contract import ProbeSettings
+from autotune.probe.launcher import run_probe
 
 FAKES = Path(__file__).parent / "fake_runners"
 ISSUE_EXAMPLE = ProbeConfig(

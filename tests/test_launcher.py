@@ -7,7 +7,8 @@ from pathlib import Path
 import psutil
 
 from autotune.config.knobs import ProbeConfig
-from autotune.probe.launcher import ProbeSettings, run_probe, runner_path
+from autotune.probe.contract import ProbeSettings
+from autotune.probe.launcher import run_probe, runner_path
 
 FAKES = Path(__file__).parent / "fake_runners"
 

@@ -11,11 +11,13 @@ import optuna
 import pytest
 
 from autotune.errors import UserError
-from autotune.probe.launcher import ProbeSettings, _rank_env
+from autotune.probe.contract import ProbeSettings
+from autotune.probe.launcher import _rank_env
+from autotune.search.coordination import recover_stale_trials, retry_stale_trial
 from autotune.search.slots import oversubscribed, plan_slots, visible_gpus
 from autotune.search.space import config_to_params
 from autotune.search.storage import check_parallel_safe, default_storage_url, journal_path, make_storage
-from autotune.search.study import _retry_stale_trial, finished_trials, recover_stale_trials
+from autotune.search.study import finished_trials
 from tests.conftest import run_cli
 from tests.test_study import FakeProbe, make_tuner
 
@@ -112,13 +114,13 @@ def test_a_worker_that_asked_too_late_stands_down(tmp_path):
     assert one.step(quota=1) is not None
     # `two` asks without the quota check (as a worker racing `one` would), then checks it
     trial = two.study.ask()
-    assert two.is_surplus(trial.number, 1) and not one.is_surplus(0, 1)
+    assert two._claims.is_surplus(trial.number, 1) and not one._claims.is_surplus(0, 1)
     assert two.step(quota=1) is None  # quota reached: nothing asked
 
 
 def test_heartbeat_that_goes_quiet_fails_the_trial_and_queues_it_again(tmp_path):
     url = f"sqlite:///{tmp_path / 'beat.db'}"
-    storage = make_storage(url, heartbeat_seconds=1, grace_seconds=4, on_stale=_retry_stale_trial)
+    storage = make_storage(url, heartbeat_seconds=1, grace_seconds=4, on_stale=retry_stale_trial)
     study = optuna.create_study(storage=storage, study_name="s", directions=["maximize", "minimize"])
     trial = study.ask()
     trial.suggest_int("x", 0, 3)

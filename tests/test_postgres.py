@@ -71,12 +71,12 @@ def _autotune(*args: str) -> subprocess.Popen:
 
 def _wait_for_plan(url: str, name: str, timeout: float = 300) -> None:
     """Until `autotune run` has created the study and stored its probe plan (workers need both)."""
-    from autotune.search.run import PLAN_ATTR
+    from autotune.status import StudyAttr
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if PLAN_ATTR in optuna.load_study(study_name=name, storage=url).user_attrs:
+            if StudyAttr.PLAN in optuna.load_study(study_name=name, storage=url).user_attrs:
                 return
         except KeyError:
             pass

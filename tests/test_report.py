@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from types import SimpleNamespace
 
 import optuna
 import pandas as pd
 import pytest
 import yaml
 
-from autotune.config.knobs import ProbeConfig, violations
+from autotune.config.knobs import ProbeConfig
+from autotune.config.rules import config_findings
 from autotune.errors import UserError
 from autotune.formats.verl import AR, parse_overrides, verl_rule_violations
-from autotune.probe.contract import GIB
-from autotune.report.write import FILES, remember_context, select, write_report
-from autotune.search.study import Budget, best_feasible
+from autotune.report.selection import best_feasible, select
+from autotune.report.write import FILES, write_report
+from autotune.search.plan import StudyPlan
+from autotune.search.study import Budget
+from autotune.units import GIB
 from tests.report_studies import (
     BUDGET,
     FakeProbe,
@@ -95,9 +97,8 @@ def test_nothing_feasible_lists_the_closest_trials():
 def written(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "standard"
     study = standard_study()
-    result = write_report(
-        study, out, BUDGET, "cpu-tiny", model="llama-2-7b", reward_model="deberta-v3-large", now=NOW
-    )
+    plan = StudyPlan(model="llama-2-7b", reward_model="deberta-v3-large", space_name="cpu-tiny")
+    result = write_report(study, out, BUDGET, plan=plan, now=NOW)
     return study, result, out
 
 
@@ -119,7 +120,7 @@ def test_best_config_has_the_seeds_schema_and_the_chosen_trials_figures(written)
         **{k: v for k, v in data.items() if k in ProbeConfig.__dataclass_fields__},
         use_lora=data["actor_model_config"]["use_lora"],
     )
-    assert violations(config, data["measured"]["gpus"], cores=64) == []
+    assert config_findings(config, data["measured"]["gpus"], cores=64) == []
     assert config.to_dict() == trial.user_attrs["config"]
     assert data["actor_model_config"] == {"model_name_or_path": "meta-llama/Llama-2-7b-hf", "use_lora": False}
     assert data["reward_model_config"] == {
@@ -199,14 +200,14 @@ def test_no_feasible_trial_writes_no_recommendation_and_exits_non_zero(tmp_path)
     out = tmp_path / "none"
     out.mkdir()
     (out / "best_config.yaml").write_text("stale: true\n")  # from an earlier report with a looser budget
-    result = write_report(infeasible_study(), out, BUDGET, model="tiny-llama")
+    result = write_report(infeasible_study(), out, BUDGET, plan=StudyPlan(model="tiny-llama"))
     assert result.exit_code == 1 and result.chosen is None
     assert sorted(result.files) == ["report.html", "report.md", "trials.csv"]
     assert not (out / "best_config.yaml").exists() and not (out / "verl_overrides.txt").exists()
     text = (out / "report.md").read_text()
     assert "No feasible configuration" in text
-    assert "halve micro_batch_size: 4 -> 2" in text and "use LoRA" in text and "offload" in text
-    assert "shorter lengths" in text
+    assert "micro_batch_size 4→2" in text and "use_lora: true" in text and "cpu_offload" in text
+    assert "max_response_length 16→8" in text
     assert result.messages[0].startswith("no feasible configuration")
 
 
@@ -222,11 +223,10 @@ def test_a_running_sqlite_study_is_reported_from_its_stored_context(tmp_path):
     record(study, "ok", knobs(), 10.0, 0.5)
     record(study, "ok", knobs(micro_batch_size=8, gradient_accumulation_steps=1), 18.0, 0.8)
     record(study, "oom", knobs(micro_batch_size=16, gradient_accumulation_steps=1), 0.0, 1.0)
-    space = SimpleNamespace(name="cpu-tiny", model="tiny-llama", reward_model="function", gpus=1)
-    remember_context(study, space, BUDGET)
+    StudyPlan(model="tiny-llama", budget_bytes=BUDGET.bytes, headroom=BUDGET.headroom).save(study)
     study.ask()  # a trial still RUNNING, as while `autotune run` is probing
     loaded = optuna.load_study(study_name="stored", storage=storage)
-    result = write_report(loaded, tmp_path / "out", space_name=None)  # budget and model from the study
+    result = write_report(loaded, tmp_path / "out")  # budget and model from the study
     assert result.chosen.number == 1
     data = yaml.safe_load((tmp_path / "out" / "best_config.yaml").read_text())
     assert data["actor_model_config"]["model_name_or_path"] == "tiny-llama"
@@ -256,7 +256,7 @@ def test_lora_grpo_on_two_gpus(tmp_path):
         lora_alpha=64,
         log_prob_micro_batch_size=8,
     )
-    assert violations(config, 2, cores=8) == []
+    assert config_findings(config, 2, cores=8) == []
     trial = record(
         study,
         "ok",
@@ -265,7 +265,8 @@ def test_lora_grpo_on_two_gpus(tmp_path):
         0.5,
         result=result_attrs(config, 30.0, int(0.5 * GIB), gpus=2, gpu="NVIDIA H100 80GB HBM3"),
     )
-    result = write_report(study, tmp_path, BUDGET, model="qwen2.5-7b")  # GPUs: from the trial's result
+    # the GPUs come from the trial's result
+    result = write_report(study, tmp_path, BUDGET, plan=StudyPlan(model="qwen2.5-7b"))
     assert result.chosen.number == trial.number
     data = yaml.safe_load((tmp_path / "best_config.yaml").read_text())
     assert data["actor_model_config"] == {
@@ -292,9 +293,10 @@ def test_report_paths_are_created(tmp_path):
 def test_a_study_run_by_the_tuner_reports_its_winner(tmp_path):
     from autotune.memory.model import Architecture, MemoryModel
     from autotune.models.registry import resolve_model
-    from autotune.probe.launcher import ProbeSettings
+    from autotune.probe.contract import ProbeSettings
     from autotune.search.space import load_space
-    from autotune.search.study import Tuner, enqueue_seed_configs
+    from autotune.search.study import enqueue_seed_configs
+    from autotune.search.tuner import Tuner
 
     space = load_space("cpu-tiny")
     budget = Budget(int(space.memory_budget_gib * GIB), space.headroom)
@@ -304,7 +306,9 @@ def test_a_study_run_by_the_tuner_reports_its_winner(tmp_path):
     enqueue_seed_configs(study, space)
     for _ in range(12):
         tuner.step()
-    result = write_report(study, tmp_path / "out", budget, space=space)
+    result = write_report(
+        study, tmp_path / "out", budget, plan=StudyPlan.of(space, ProbeSettings(), budget, 6)
+    )
     assert result.ok and sorted(result.files) == sorted(FILES)
     data = yaml.safe_load((tmp_path / "out" / "best_config.yaml").read_text())
     chosen = study.trials[data["measured"]["trial_number"]]
@@ -312,7 +316,7 @@ def test_a_study_run_by_the_tuner_reports_its_winner(tmp_path):
     assert data["measured"]["samples_per_sec"] == chosen.values[0]
     assert data["measured"]["peak_memory_bytes"] == int(chosen.values[1])
     assert all(data[key] == chosen.user_attrs["config"][key] for key in SEED_KEYS[:-1])
-    assert violations(ProbeConfig(**chosen.user_attrs["config"]), space.gpus, cores=64) == []
+    assert config_findings(ProbeConfig(**chosen.user_attrs["config"]), space.gpus, cores=64) == []
     assert (
         verl_rule_violations(parse_overrides((tmp_path / "out" / "verl_overrides.txt").read_text()), 1) == []
     )

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from autotune.report.write import write_report
+from autotune.search.plan import StudyPlan
 from tests.report_studies import BUDGET, infeasible_study, standard_study
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
@@ -66,8 +67,8 @@ def console_messages(stderr: str) -> list[str]:
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("html")
-    write_report(standard_study(), root / "standard", BUDGET, model="tiny-llama")
-    write_report(infeasible_study(), root / "none", BUDGET, model="tiny-llama")
+    write_report(standard_study(), root / "standard", BUDGET, plan=StudyPlan(model="tiny-llama"))
+    write_report(infeasible_study(), root / "none", BUDGET, plan=StudyPlan(model="tiny-llama"))
     return {"standard": root / "standard" / "report.html", "none": root / "none" / "report.html"}
 
 

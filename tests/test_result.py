@@ -1,4 +1,5 @@
-from autotune.probe.contract import GIB, classify
+from autotune.probe.classify import classify
+from autotune.units import GIB
 
 OK_RESULT = {"status": "ok"}
 

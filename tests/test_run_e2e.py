@@ -13,7 +13,8 @@ import optuna
 import pytest
 import yaml
 
-from autotune.config.knobs import ProbeConfig, violations
+from autotune.config.knobs import ProbeConfig
+from autotune.config.rules import config_findings
 from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.e2e
@@ -77,7 +78,7 @@ def test_run_writes_the_report_with_the_chosen_trials_figures(twelve_trials):
     )
     assert all(key in best for key in seed_keys)
     knobs = {key: best[key] for key in seed_keys[:-1]}
-    assert violations(ProbeConfig(**knobs), best["measured"]["gpus"]) == []
+    assert config_findings(ProbeConfig(**knobs), best["measured"]["gpus"]) == []
     trial = load(out, "cpu-tiny-tiny-llama-1gpu").trials[best["measured"]["trial_number"]]
     assert trial.user_attrs["status"] == "ok"
     assert best["measured"]["samples_per_sec"] == trial.values[0]

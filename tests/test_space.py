@@ -9,7 +9,8 @@ import optuna
 import pytest
 from optuna.trial import FixedTrial
 
-from autotune.config.knobs import ProbeConfig, violations
+from autotune.config.knobs import ProbeConfig
+from autotune.config.rules import config_findings
 from autotune.errors import UserError
 from autotune.search.space import (
     SpaceError,
@@ -61,7 +62,7 @@ def brute_force(space) -> set[ProbeConfig]:
     found = set()
     for combo in itertools.product(*(k.values(space.cores) for k in space.knobs)):
         config = ProbeConfig(**dict(zip(names, combo, strict=True)), **space.fixed_fields)
-        if not violations(config, space.gpus, space.cores):
+        if not config_findings(config, space.gpus, space.cores):
             found.add(config)
     return found
 
@@ -73,7 +74,7 @@ def test_shipped_space_loads_and_its_seed_configs_fit(name):
     assert space.reward_model == "function" or is_registry_model(space.reward_model)
     assert space.seed_configs, f"{name} has no hand-made seed config"
     for seed in space.seed_configs:
-        assert violations(seed.config, space.gpus, MANY_CORES) == [], seed.name
+        assert config_findings(seed.config, space.gpus, MANY_CORES) == [], seed.name
         params = config_to_params(space, seed.config)
         assert params is not None, misfits(space, seed.config)
         # enqueued, the study's next trial samples exactly the hand-made config
@@ -141,7 +142,7 @@ def test_random_samples_are_valid_and_round_trip(name):
     for _ in range(300):
         trial = study.ask()
         config = sample_config(space, trial)
-        assert violations(config, space.gpus, space.cores) == [], config
+        assert config_findings(config, space.gpus, space.cores) == [], config
         params = config_to_params(space, config)
         assert params == trial.params
         assert sample_config(space, FixedTrial(params)) == config
@@ -160,7 +161,7 @@ def test_grpo_on_two_gpus_samples_whole_groups():
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
     for _ in range(200):
         config = sample_config(space, study.ask())
-        assert violations(config, 2, space.cores) == []
+        assert config_findings(config, 2, space.cores) == []
         assert config.rollout_n == 4 and config.algorithm == "grpo"
     assert set(space.grid()) == brute_force(space)
 
@@ -172,7 +173,7 @@ def test_grid_is_unique_valid_and_complete():
     ):
         grid = space.grid()
         assert len(grid) == len(set(grid)) == space.size()
-        assert all(violations(c, space.gpus, space.cores) == [] for c in grid)
+        assert all(config_findings(c, space.gpus, space.cores) == [] for c in grid)
         assert set(grid) == brute_force(space)
 
 
@@ -311,7 +312,7 @@ def test_with_settings_rechecks_the_space():
     space = load_space("cpu-tiny")
     two = space.with_settings(gpus=2)
     assert two.unit == 2 and two.knob("micro_batch_size") == space.knob("micro_batch_size")
-    assert all(violations(c, 2, two.cores) == [] for c in two.grid())
+    assert all(config_findings(c, 2, two.cores) == [] for c in two.grid())
     with pytest.raises(SpaceError, match="gpus=0: must be a whole number >= 1"):
         space.with_settings(gpus=0)
 
@@ -327,7 +328,7 @@ def test_dynamic_ranges_work_with_the_study_samplers():
         for _ in range(15):
             trial = study.ask()
             config = sample_config(space, trial)
-            assert violations(config, space.gpus, space.cores) == []
+            assert config_findings(config, space.gpus, space.cores) == []
             study.tell(trial, [float(config.train_batch_size), float(config.micro_batch_size)])
 
 

@@ -10,20 +10,14 @@ import pytest
 from autotune.errors import UserError
 from autotune.memory.model import Architecture, MemoryModel
 from autotune.models.registry import resolve_model
-from autotune.probe.contract import GIB, ProbeResult
-from autotune.probe.launcher import ProbeSettings
+from autotune.probe.contract import ProbeResult, ProbeSettings
+from autotune.report.selection import best_feasible
+from autotune.search.coordination import recover_stale_trials
 from autotune.search.space import load_space
-from autotune.search.study import (
-    Budget,
-    Tuner,
-    best_feasible,
-    enqueue_seed_configs,
-    finished_trials,
-    open_study,
-    recover_stale_trials,
-    redact,
-    status_counts,
-)
+from autotune.search.storage import redact
+from autotune.search.study import Budget, enqueue_seed_configs, finished_trials, open_study, status_counts
+from autotune.search.tuner import Tuner
+from autotune.units import GIB
 
 BUDGET = Budget(int(0.70 * GIB), 0.10)
 

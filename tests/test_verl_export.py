@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config.knobs import ProbeConfig, violations
+from autotune.config.knobs import ProbeConfig
+from autotune.config.rules import config_findings
 from autotune.formats.verl import (
     AR,
     format_overrides,
@@ -117,7 +118,7 @@ def test_a_mini_batch_of_a_fraction_of_a_prompt_is_rounded_up_with_a_note():
         algorithm="grpo",
         rollout_n=3,
     )
-    assert violations(config, 1, cores=8) == []
+    assert config_findings(config, 1, cores=8) == []
     export = verl_overrides(config, 1)
     assert export.values[f"{AR}.actor.ppo_mini_batch_size"] == 1
     assert any("not a whole number of prompts" in note for note in export.notes)
@@ -141,7 +142,7 @@ def test_every_config_of_a_space_exports_within_verls_rules(gpus, rollout_n):
     configs = list(itertools.islice(space.iter_grid(), 3000))
     assert configs
     for config in configs:
-        assert violations(config, gpus, cores=64) == []
+        assert config_findings(config, gpus, cores=64) == []
         assert verl_rule_violations(overrides_for(config, gpus), gpus) == [], config
 
 

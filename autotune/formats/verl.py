@@ -1,8 +1,9 @@
-"""A measured configuration as Hydra overrides for `python -m verl.trainer.main_ppo` (verl 0.9.1, DESIGN §7).
+"""A measured configuration as Hydra overrides for `python -m verl.trainer.main_ppo` (verl 0.9.1), and back.
 
     overrides = verl_overrides(config, n_gpus=2, model_path="meta-llama/Llama-2-7b-hf")
     assert verl_rule_violations(overrides.values, n_gpus=2) == []
     Path("verl_overrides.txt").write_text(format_overrides(overrides.values))
+    read_overrides(Path("verl_overrides.txt").read_text()).config     # the same config, for `autotune check`
 
 Units. autotune counts *samples* (responses) in its global sizes; verl counts *prompts* in
 `data.train_batch_size`, `data.gen_batch_size` and `actor.ppo_mini_batch_size`, and multiplies them by
@@ -32,9 +33,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.config.knobs import ProbeConfig, violations
+from autotune.config.knobs import ProbeConfig
+from autotune.config.rules import config_findings, problems
+from autotune.formats.target import Target
 
-VERL_VERSION = "0.9.1"
+__all__ = [
+    "AR",
+    "VerlOverrides",
+    "format_overrides",
+    "parse_overrides",
+    "read_overrides",
+    "verl_overrides",
+    "verl_rule_violations",
+]
+
 AR = "actor_rollout_ref"
 # verl's own defaults for the keys the rules read when an override leaves them out (ppo_trainer.yaml).
 VERL_DEFAULTS: dict[str, Any] = {
@@ -111,9 +123,10 @@ def agent_workers(config: ProbeConfig) -> int:
 
 def verl_overrides(config: ProbeConfig, n_gpus: int, model_path: str | None = None) -> VerlOverrides:
     """verl 0.9.1 overrides for a measured config on one node of n_gpus GPUs (ValueError: invalid config)."""
-    problems = violations(config, n_gpus, cores=max(1, config.num_rollout_workers))
-    if problems:
-        raise ValueError(f"cannot export an invalid configuration for {n_gpus} GPU(s): {'; '.join(problems)}")
+    broken = problems(config_findings(config, n_gpus, cores=max(1, config.num_rollout_workers)))
+    if broken:
+        lines = "; ".join(f.line for f in broken)
+        raise ValueError(f"cannot export an invalid configuration for {n_gpus} GPU(s): {lines}")
     c, n = config, config.rollout_n
     notes: list[str] = []
     mini = mini_batch_samples(c, n_gpus)
@@ -162,6 +175,62 @@ def verl_overrides(config: ProbeConfig, n_gpus: int, model_path: str | None = No
     values["trainer.n_gpus_per_node"] = n_gpus
     values["trainer.nnodes"] = 1
     return VerlOverrides(values, notes)
+
+
+# --- reading back -------------------------------------------------------------------------------------
+
+
+def read_overrides(text: str) -> Target:
+    """A verl override file: verl's keys mapped back to autotune's knobs (the inverse of `verl_overrides`)."""
+    values = parse_overrides(text)
+    get = {**VERL_DEFAULTS, **values}.get
+    nodes, per_node = get("trainer.nnodes"), get("trainer.n_gpus_per_node")
+    gpus = per_node * nodes if isinstance(per_node, int) and isinstance(nodes, int) else None
+    offload = any(get(f"{AR}.actor.fsdp_config.{k}") is True for k in ("param_offload", "optimizer_offload"))
+    reward = get("reward_model.model.path") if get("reward_model.enable") else None
+    return Target(
+        kind="verl overrides",
+        config=_config(get, gpus or 1),
+        model=get(f"{AR}.model.path"),
+        reward_model=reward,
+        sharding="full_shard",
+        sharding_label="verl FSDP, FULL_SHARD (its default)",
+        offload=offload,
+        gpus=gpus,
+        overrides=values,
+    )
+
+
+def _config(get: Any, gpus: int) -> ProbeConfig | None:
+    """verl counts prompts, autotune samples (× rollout.n); None when the sizes are missing or not whole."""
+    n, batch = get(f"{AR}.rollout.n"), get("data.train_batch_size")
+    micro, mini = get(f"{AR}.actor.ppo_micro_batch_size_per_gpu"), get(f"{AR}.actor.ppo_mini_batch_size")
+    sizes = (n, batch, micro, mini)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+        return None
+    gen = get("data.gen_batch_size")
+    lora = get(f"{AR}.model.lora_rank")
+    forward = _int_or(get(f"{AR}.rollout.log_prob_micro_batch_size_per_gpu"), None)
+    return ProbeConfig(
+        rollout_batch_size=(gen if isinstance(gen, int) else batch) * n,
+        train_batch_size=batch * n,
+        micro_batch_size=micro,
+        gradient_accumulation_steps=max(1, mini * n // gpus // micro),
+        num_rollout_workers=_int_or(get("data.dataloader_num_workers"), 8),  # verl's default
+        max_prompt_length=_int_or(get("data.max_prompt_length"), 512),
+        max_response_length=_int_or(get("data.max_response_length"), 512),
+        log_prob_micro_batch_size=None if forward == micro else forward,  # None: the same as micro
+        gradient_checkpointing=get(f"{AR}.model.enable_gradient_checkpointing") is True,
+        algorithm="grpo" if get("algorithm.adv_estimator") == "grpo" else "ppo",
+        rollout_n=n,
+        use_lora=isinstance(lora, int) and lora > 0,
+        lora_r=lora if isinstance(lora, int) and lora > 0 else ProbeConfig.lora_r,
+        lora_alpha=_int_or(get(f"{AR}.model.lora_alpha"), ProbeConfig.lora_alpha),
+    )
+
+
+def _int_or(value: Any, default: int | None) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 # --- verl's rules ----------------------------------------------------------------------------------------

@@ -36,31 +36,9 @@ from transformers import (
 )
 
 from autotune.errors import UserError
+from autotune.models.names import MODELS
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-
-# name -> (role, where the config comes from). Roles: "actor" (policy/critic/reference), "reward" (reward
-# model), "test" (tiny models for CPU tests: 2 layers, width 64, as torchtune's recipe tests).
-# - tiny-llama keeps Llama's 32,000-token vocabulary, so its logits (s·b·V) weigh as much as in real runs.
-# - tiny-qwen2 keeps Qwen2's real 151,936-token vocabulary, by the same rule: its logits cost per token what
-#   they cost in every Qwen2/2.5 model (the large-vocabulary regime of RL log-prob passes, DESIGN §9), and
-#   the two tiny models differ 4.75x in V, so a memory model calibrated on both can separate the logits term.
-#   Price, measured on two CPU cores: forward+backward over 8x48 tokens 0.5-1 s (tiny-llama: 0.13 s),
-#   sampling 16 tokens for 8 prompts 0.6 s (0.18 s). Tests that only need some causal LM use tiny-llama.
-#   Otherwise Qwen2 as published: GQA (4 heads, 2 KV heads), q/k/v biases, tied embeddings, rope_theta 1e6.
-# - tiny-deberta keeps DeBERTa-v3's 128,100-token vocabulary (an embedding only: no logits over it).
-MODELS: dict[str, tuple[str, str]] = {
-    "llama-2-7b": ("actor", "meta-llama/Llama-2-7b-hf"),
-    "llama-2-13b": ("actor", "meta-llama/Llama-2-13b-hf"),
-    "tinyllama-1.1b": ("actor", "TinyLlama/TinyLlama-1.1B-Chat-v1.0"),
-    "qwen2.5-0.5b": ("actor", "Qwen/Qwen2.5-0.5B"),
-    "qwen2.5-1.5b": ("actor", "Qwen/Qwen2.5-1.5B"),
-    "qwen2.5-7b": ("actor", "Qwen/Qwen2.5-7B"),
-    "deberta-v3-large": ("reward", "OpenAssistant/reward-model-deberta-v3-large"),
-    "tiny-llama": ("test", "autotune test model (Llama architecture)"),
-    "tiny-qwen2": ("test", "autotune test model (Qwen2 architecture)"),
-    "tiny-deberta": ("test", "autotune test model (DeBERTa-v2 reward model)"),
-}
 
 REWARD_FUNCTION = "function"  # rule-based reward: no reward model
 WEIGHTS = ("random", "pretrained")
@@ -91,12 +69,6 @@ class ModelSpec:
 # ---------------------------------------------------------------------------------------------- resolving
 
 
-def known_models() -> list[str]:
-    """Registry names, in registry order."""
-    return list(MODELS)
-
-
-@functools.cache
 def _config_dict(name: str) -> dict[str, Any]:
     with open(CONFIG_DIR / f"{name}.json", encoding="utf-8") as f:
         return json.load(f)

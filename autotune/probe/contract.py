@@ -1,27 +1,49 @@
-"""What a probe reports, and how the parent decides its status from exit codes and per-rank results.
+"""The probe's contract, both sides of the process boundary: what goes in, what comes out.
 
-The child never decides its own fate alone: a rank may write `oom` (it caught the allocator's exception type,
-not a string), but timeouts, signals, missing results and emulated budgets are judged here, by the parent.
+The tuner writes a job file `{"config": ProbeConfig, "settings": ProbeSettings}`; each rank of the program in
+`runners/` writes `result.rank<R>.json` and exits 0 (measured), `OOM_EXIT_CODE` (it caught an
+out-of-memory exception and wrote its result) or anything else (a crash). The launcher turns those into one
+`ProbeResult` (see `autotune.probe.classify` for who decides the status).
 """
 
 from __future__ import annotations
 
-import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-GIB = 1024**3
+from autotune.units import GIB
 
-# Statuses a probe can end with; the study adds `invalid`, `predicted_oom` and `inferred_oom` (no launch).
-OK, OOM, TIMEOUT, CRASHED = "ok", "oom", "timeout", "crashed"
-# Exit code a probe rank uses after it caught an out-of-memory exception and wrote its result.
-OOM_EXIT_CODE = 3
+__all__ = ["OOM_EXIT_CODE", "ProbeResult", "ProbeSettings"]
+
+OOM_EXIT_CODE = 3  # a rank that caught an out-of-memory exception, after writing its result
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """Everything about a probe that is not a batch knob."""
+
+    model: str = "tiny-llama"
+    reward_model: str = "function"
+    weights: str = "random"
+    device: str = "cpu"
+    world_size: int = 1
+    warmup_iterations: int = 1
+    iterations: int = 2
+    timeout_seconds: float = 600.0
+    memory_budget_gib: float | None = None
+    seed: int = 0
+    trust_remote_code: bool = False
+    prompts_file: str | None = None  # JSON list of prompt texts (autotune run --data); None: synthetic
+    visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES for the ranks (a --parallel slot's GPUs)
+    threads_per_rank: int | None = None  # CPU threads per rank (a --parallel slot's share of the cores)
 
 
 @dataclass
 class ProbeResult:
+    """One probe's measurement; `status` is one of `autotune.status.PROBE_STATUSES`."""
+
     status: str
-    # How the OOM was established: "cuda" (torch.OutOfMemoryError), "host" (MemoryError on CPU),
+    # How an OOM was established: "cuda" (torch.OutOfMemoryError), "host" (MemoryError on CPU),
     # or "emulated" (peak above --memory-budget, which no hardware enforced).
     oom_kind: str | None = None
     samples_per_sec: float = 0.0
@@ -52,53 +74,3 @@ class ProbeResult:
         data = asdict(self)
         data["peak_memory_gib"] = round(self.peak_memory_gib, 4)
         return data
-
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def classify(
-    exit_codes: list[int | None],
-    rank_results: list[dict[str, Any] | None],
-    timed_out: bool,
-    peak_bytes: int,
-    budget_bytes: int | None,
-    device: str,
-) -> tuple[str, str | None, str]:
-    """Decide (status, oom_kind, message) for a finished probe. Pure, so it is tested on its own.
-
-    Order matters: a rank that caught a real OOM explains the others' hang or crash, so it wins over
-    `timeout`; a timeout wins over exit codes (we killed the processes ourselves).
-    """
-    for result in rank_results:
-        if result and result.get("status") == OOM:
-            kind = result.get("oom_kind", "cuda" if device == "cuda" else "host")
-            return OOM, kind, result.get("message", "out of memory")
-    if timed_out:
-        return TIMEOUT, None, "probe exceeded its wall-clock timeout; the process group was killed"
-    for rank, code in enumerate(exit_codes):
-        if code != 0:
-            return CRASHED, None, f"rank {rank}: {describe_exit(code)}"
-    for rank, result in enumerate(rank_results):
-        if not result or result.get("status") != OK:
-            return CRASHED, None, f"rank {rank}: exited 0 without a readable result"
-    if budget_bytes is not None and peak_bytes > budget_bytes and device != "cuda":
-        # On CUDA the budget is enforced by the allocator (a per-process memory fraction): only a real
-        # OOM counts there. On CPU nothing enforces it, so the peak RSS is compared here, and said so.
-        return (
-            OOM,
-            "emulated",
-            (
-                f"peak {peak_bytes / GIB:.3f} GiB is above the emulated budget {budget_bytes / GIB:.3f} GiB "
-                "(peak RSS compared after the run; no allocator enforced it)"
-            ),
-        )
-    return OK, None, ""

@@ -22,51 +22,27 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from autotune.config.knobs import ProbeConfig
 from autotune.probe import forkserver
-from autotune.probe.contract import GIB, ProbeResult, classify
+from autotune.probe.classify import classify
+from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.probe.forkserver import ForkedRank, ForkServerError
+from autotune.units import GIB
 
 # After one rank fails, the others usually hang in a collective: give them this long to exit on their own.
 FAILURE_GRACE_SECONDS = 5.0
 POLL_SECONDS = 0.05
 STDERR_TAIL_CHARS = 4000
 
+__all__ = ["kill_group", "run_probe", "runner_path", "summarize"]
+
 log = logging.getLogger(__name__)
 Rank = subprocess.Popen | ForkedRank  # both: pid, poll(), wait(), returncode
-
-
-@dataclass(frozen=True)
-class ProbeSettings:
-    """Everything about a probe that is not a batch knob."""
-
-    model: str = "tiny-llama"
-    reward_model: str = "function"
-    weights: str = "random"
-    device: str = "cpu"
-    world_size: int = 1
-    warmup_iterations: int = 1
-    iterations: int = 2
-    timeout_seconds: float = 600.0
-    memory_budget_gib: float | None = None
-    seed: int = 0
-    trust_remote_code: bool = False
-    prompts_file: str | None = (
-        None  # JSON list of prompt texts (autotune run --data); None: synthetic prompts
-    )
-    visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES for the ranks (a --parallel slot's GPUs)
-    threads_per_rank: int | None = None  # CPU threads per rank (a --parallel slot's share of the cores)
-
-
-class Runner(Protocol):
-    """A probe backend: takes a configuration, returns a measured result. The PPO probe is the first."""
-
-    def run(self, config: ProbeConfig, settings: ProbeSettings) -> ProbeResult: ...
 
 
 def runner_path(name: str = "ppo_probe.py") -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,11 +10,14 @@ import optuna
 from rich.console import Console
 
 from autotune.errors import UserError
-from autotune.probe.contract import GIB
-from autotune.probe.launcher import ProbeSettings, run_probe
-from autotune.report.write import budget_from_study, resolve_context, select, write_report
+from autotune.probe.contract import ProbeSettings
+from autotune.probe.launcher import run_probe
+from autotune.report.selection import select
+from autotune.report.write import study_plan, write_report
 from autotune.search.storage import default_storage_url
 from autotune.search.study import Budget, open_study, trial_config
+from autotune.status import Status, StudyAttr
+from autotune.units import GIB
 
 
 @dataclass
@@ -46,29 +50,32 @@ def confirm_winner(
     study: optuna.Study, budget: Budget, options: ReportOptions, console: Console
 ) -> list[int]:
     """Re-probe the Pareto-best with more iterations; a failing winner is excluded, the next one tried."""
-    from autotune.cli import resolve_device
+    from autotune.probe.devices import resolve_device
 
-    ctx = resolve_context(study)
-    settings = ProbeSettings(
-        model=ctx.model,
-        reward_model=ctx.reward_model,
-        world_size=ctx.gpus,
-        device=resolve_device(options.device, ctx.gpus),
-        iterations=options.confirm_iterations,
-        memory_budget_gib=budget.bytes / GIB,
+    plan = study_plan(study)
+    device = resolve_device(options.device, plan.gpus)
+    probed_as = (  # as the study probed, or, for a study `run` did not make, by what it says
+        plan.probe_settings(device)
+        if plan.settings
+        else ProbeSettings(
+            model=plan.model, reward_model=plan.reward_model, world_size=plan.gpus, device=device
+        )
+    )
+    settings = dataclasses.replace(
+        probed_as, iterations=options.confirm_iterations, memory_budget_gib=budget.bytes / GIB
     )
     excluded: list[int] = []
     while (chosen := select(study, budget, excluded).chosen) is not None:
         console.print(f"confirming trial #{chosen.number} with {options.confirm_iterations} iterations ...")
         result = run_probe(trial_config(chosen), settings)
-        confirmations = dict(study.user_attrs.get("confirmations", {}))
+        confirmations = dict(study.user_attrs.get(StudyAttr.CONFIRMATIONS, {}))
         confirmations[str(chosen.number)] = {
             "status": result.status,
             "samples_per_sec": result.samples_per_sec,
             "peak_memory_bytes": result.peak_memory_bytes,
         }
-        study.set_user_attr("confirmations", confirmations)
-        if result.status == "ok" and result.peak_memory_bytes <= budget.limit:
+        study.set_user_attr(StudyAttr.CONFIRMATIONS, confirmations)
+        if result.status == Status.OK and result.peak_memory_bytes <= budget.limit:
             console.print(
                 f"confirmed: {result.samples_per_sec:.3f} samples/s at {result.peak_memory_gib:.3f} GiB"
             )
@@ -85,7 +92,7 @@ def report_study(options: ReportOptions, console: Console | None = None) -> int:
     console = console or Console()
     storage = options.storage or default_storage(options.out, options.study)
     study = load_existing_study(storage, options.study)
-    budget = budget_from_study(study)
+    budget = study_plan(study).budget
     if options.memory_budget_gib:
         budget = Budget(int(options.memory_budget_gib * GIB), budget.headroom if budget else 0.10)
     if budget is None:

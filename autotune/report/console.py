@@ -7,7 +7,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from autotune.probe.contract import GIB, ProbeResult
+from autotune.probe.contract import ProbeResult
+from autotune.status import Attr
+from autotune.units import GIB
 
 
 def _gib(value: int | None) -> str:
@@ -92,6 +94,6 @@ def print_best(best, budget, console: Console | None = None) -> None:
     table.add_column("value")
     table.add_row("samples/sec", f"{best.values[0]:.3f}")
     table.add_row("peak memory", f"{best.values[1] / GIB:.3f} GiB (budget {budget.bytes / GIB:.2f} GiB)")
-    for key, value in best.user_attrs["config"].items():
+    for key, value in best.user_attrs[Attr.CONFIG].items():
         table.add_row(key, str(value))
     console.print(table)

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 import matplotlib
 from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
-from autotune.probe.contract import GIB
-from autotune.report.markdown import (
+from autotune.report.tables import (
     Table,
     closest_table,
     cost_table,
@@ -28,15 +27,16 @@ from autotune.report.markdown import (
     memory_model_table,
     model_error_line,
     recommendation_table,
-    status_of,
     verl_lines,
 )
-from autotune.search.study import trial_config
+from autotune.search.study import trial_config, trial_status
+from autotune.status import Attr, Status
+from autotune.units import GIB
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
-    from autotune.report.write import ReportData
+    from autotune.report.data import ReportData
 
 # status -> (label, colour, marker, filled)
 STYLES = {
@@ -88,8 +88,8 @@ def _empty(ax, message: str) -> None:
 
 
 def _style_key(trial: FrozenTrial, limit: float) -> str | None:
-    status = status_of(trial)
-    if status == "ok":
+    status = trial_status(trial)
+    if status == Status.OK:
         return "ok" if trial.values[1] <= limit else "over_limit"
     return status if status in STYLES else None
 
@@ -123,11 +123,11 @@ def _scatter_group(ax, xs: list[float], ys: list[float], key: str) -> None:
 
 def pareto_figure(report: ReportData) -> Figure:
     fig, ax = _new_figure()
-    trials = [t for t in report.complete if "duplicate_of" not in t.user_attrs]
+    trials = [t for t in report.complete if Attr.DUPLICATE_OF not in t.user_attrs]
     if not trials:
         _empty(ax, "no complete trial yet")
         return fig
-    ok_peaks = [t.values[1] / GIB for t in trials if status_of(t) == "ok"]
+    ok_peaks = [t.values[1] / GIB for t in trials if trial_status(t) == Status.OK]
     x_max = max([report.budget.bytes / GIB * 1.4, *(p * 1.05 for p in ok_peaks)])
     groups: dict[str, tuple[list[float], list[float]]] = {}
     for trial in trials:
@@ -184,8 +184,8 @@ def memory_micro_figure(report: ReportData) -> Figure:
     fig, ax = _new_figure()
     points: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
     for trial in report.complete:
-        config, status = trial_config(trial), status_of(trial)
-        if config is None or status not in ("ok", "oom") or "duplicate_of" in trial.user_attrs:
+        config, status = trial_config(trial), trial_status(trial)
+        if config is None or status not in (Status.OK, Status.OOM) or Attr.DUPLICATE_OF in trial.user_attrs:
             continue
         xs, ys = points.setdefault((status, config.max_response_length), ([], []))
         xs.append(config.micro_batch_size)
@@ -196,7 +196,7 @@ def memory_micro_figure(report: ReportData) -> Figure:
     lengths = sorted({length for _, length in points})
     for (status, length), (xs, ys) in sorted(points.items()):
         colour = PHASE_COLOURS[lengths.index(length) % len(PHASE_COLOURS)]
-        ok = status == "ok"
+        ok = status == Status.OK
         ax.scatter(
             xs,
             ys,
@@ -221,7 +221,7 @@ def memory_micro_figure(report: ReportData) -> Figure:
 
 def phases_figure(report: ReportData) -> Figure:
     fig, ax = _new_figure()
-    front = [t for t in report.selection.front if (t.user_attrs.get("result") or {}).get("phase_seconds")][
+    front = [t for t in report.selection.front if (t.user_attrs.get(Attr.RESULT) or {}).get("phase_seconds")][
         :12
     ]
     if not front:
@@ -229,11 +229,11 @@ def phases_figure(report: ReportData) -> Figure:
         return fig
     phases: list[str] = []
     for trial in front:
-        phases += [p for p in trial.user_attrs["result"]["phase_seconds"] if p not in phases]
+        phases += [p for p in trial.user_attrs[Attr.RESULT]["phase_seconds"] if p not in phases]
     labels = [_bar_label(t) for t in front]
     left = [0.0] * len(front)
     for i, phase in enumerate(phases):
-        widths = [float(t.user_attrs["result"]["phase_seconds"].get(phase, 0.0)) for t in front]
+        widths = [float(t.user_attrs[Attr.RESULT]["phase_seconds"].get(phase, 0.0)) for t in front]
         ax.barh(labels, widths, left=left, color=PHASE_COLOURS[i % len(PHASE_COLOURS)], label=phase)
         left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.invert_yaxis()  # fastest config on top
@@ -258,7 +258,11 @@ def memory_model_figure(report: ReportData) -> Figure:
     prior: tuple[list[float], list[float]] = ([], [])
     for trial in report.complete:
         attrs = trial.user_attrs
-        if status_of(trial) != "ok" or not attrs.get("predicted_peak_bytes") or "duplicate_of" in attrs:
+        if (
+            trial_status(trial) != Status.OK
+            or not attrs.get(Attr.PREDICTED_PEAK_BYTES)
+            or Attr.DUPLICATE_OF in attrs
+        ):
             continue
         xs, ys = calibrated if attrs.get("calibration_points", 0) >= 1 else prior
         xs.append(trial.values[1] / GIB)
@@ -384,7 +388,7 @@ def render_html(report: ReportData) -> str:
         _section("gains", "Gain over the hand-made configs", _gains(report)),
         _section("cost", "Cost of the study", html_table(cost_table(report), header=False)),
     ]
-    title = f"autotune report: {report.context.study_name}"
+    title = f"autotune report: {report.study_name}"
     meta = "<br>".join(html.escape(line) for line in headline(report))
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

@@ -21,23 +21,24 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from autotune.config.knobs import ProbeConfig
 from autotune.errors import UserError
-from autotune.probe.contract import GIB
-from autotune.probe.launcher import ProbeSettings
+from autotune.probe.contract import ProbeSettings
+from autotune.report.selection import best_feasible
+from autotune.search.coordination import SWEEP_SECONDS, recover_stale_trials
+from autotune.search.outage import PENDING_FILE
+from autotune.search.plan import StudyPlan
 from autotune.search.slots import Slot, oversubscribed, plan_slots
-from autotune.search.storage import check_parallel_safe, default_storage_url
+from autotune.search.storage import check_parallel_safe, default_storage_url, redact
 from autotune.search.study import (
-    SWEEP_SECONDS,
     Budget,
-    Tuner,
-    best_feasible,
     enqueue_seed_configs,
     finished_trials,
     open_study,
-    recover_stale_trials,
-    redact,
     status_counts,
     trial_status,
 )
+from autotune.search.tuner import Tuner
+from autotune.status import Attr, Status
+from autotune.units import GIB
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -159,11 +160,11 @@ class SlotLoop:
     def note(self, trial) -> None:
         """Count crashes in a row across slots; stop the study when they say the setup is broken."""
         with self._lock:
-            if trial_status(trial) != "crashed":
+            if trial_status(trial) != Status.CRASHED:
                 self.crash_streak = 0
                 return
             self.crash_streak += 1
-            message = (trial.user_attrs.get("result") or {}).get("message", "")
+            message = (trial.user_attrs.get(Attr.RESULT) or {}).get("message", "")
             self.last_crash = f"trial #{trial.number}: {message}".strip(": ")
         if self.crash_streak >= CRASH_STREAK_LIMIT:
             self.halt(
@@ -180,7 +181,7 @@ class SlotLoop:
                 if trial is not None:
                     self.note(trial)
                     continue
-                study, retry = self.tuner.study, self.tuner._retry
+                study, retry = self.tuner.study, self.tuner.retry
                 if len(retry(functools.partial(finished_trials, study), "counting trials")) >= self.trials:
                     self.halt("trial count reached")
                     return
@@ -277,9 +278,10 @@ def resolve_budget_gib(space, options: RunOptions, device: str) -> float:
 
 def prepare(options: RunOptions, console: Console):
     """Everything checked before the first probe: space, model, budget, storage, study."""
-    from autotune.cli import check_lengths, resolve_device
+    from autotune.config.rules import position_findings, raise_for
     from autotune.memory.model import Architecture, MemoryModel
     from autotune.models.registry import resolve_model, resolve_reward_model
+    from autotune.probe.devices import resolve_device
     from autotune.search.space import load_space
 
     space = load_space(options.space)
@@ -313,7 +315,7 @@ def prepare(options: RunOptions, console: Console):
         max_prompt_length=max(space.knob("max_prompt_length").values()),
         max_response_length=max(space.knob("max_response_length").values()),
     )
-    check_lengths(longest, actor)
+    raise_for(position_findings(longest, actor))
     floor = model.minimum_bytes(ProbeConfig(**space.fixed_fields))
     if floor > budget.limit:
         raise UserError(
@@ -328,7 +330,6 @@ def prepare(options: RunOptions, console: Console):
 
 
 def run_study(options: RunOptions, console: Console | None = None) -> int:
-    from autotune.report.write import remember_context
     from autotune.search.study import memory_model_error
 
     console = console or Console()
@@ -342,8 +343,8 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
     check_parallel_safe(storage, options.parallel, by_default=options.storage is None)
     slots = plan_slots(options.parallel, space.gpus, settings.device)
     study = open_study(storage, study_name, options.seed)
-    remember_context(study, space, budget)
-    remember_plan(study, space, settings, options.trials)
+    plan = StudyPlan.of(space, settings, budget, options.trials)
+    plan.save(study)
     console.print(start_message(options, study_name, storage, budget, len(finished_trials(study))))
     seeded = enqueue_seed_configs(study, space)
     if seeded:
@@ -354,11 +355,7 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
     probe_study(tuner, options.trials, options.time_budget_seconds, slots, console)
     error, count = memory_model_error(study)
     print_summary(tuner, console, error, count)
-    return finish(tuner, out_dir, console)
-
-
-PENDING_FILE = "pending.jsonl"
-PLAN_ATTR = "probe_plan"  # what `autotune worker` needs to probe this study like `autotune run` does
+    return finish(tuner, plan, out_dir, console)
 
 
 def make_out_dir(out: Path, study_name: str) -> Path:
@@ -370,21 +367,6 @@ def make_out_dir(out: Path, study_name: str) -> Path:
             f"--out {out}: cannot create {out_dir} ({exc.strerror}); choose a writable folder"
         ) from None
     return out_dir
-
-
-def remember_plan(study, space, settings: ProbeSettings, trials: int) -> None:
-    """The space, probe settings and trial count, for workers joining from other machines. Machine-local
-    choices (device, GPU slots, remote code) are left out: each worker decides those for itself."""
-    local = ("device", "visible_devices", "threads_per_rank", "trust_remote_code")
-    study.set_user_attr(
-        PLAN_ATTR,
-        {
-            "space": dict(space.raw),
-            "space_name": space.name,
-            "settings": {k: v for k, v in dataclasses.asdict(settings).items() if k not in local},
-            "trials": trials,
-        },
-    )
 
 
 def probe_study(
@@ -426,13 +408,13 @@ def print_summary(tuner: Tuner, console: Console, error: float | None, count: in
         )
 
 
-def finish(tuner: Tuner, out_dir: Path, console: Console) -> int:
+def finish(tuner: Tuner, plan: StudyPlan, out_dir: Path, console: Console) -> int:
     """Print the best configuration and write the report (the same code as `autotune report`)."""
     from autotune.report.console import print_best
     from autotune.report.write import write_report
 
     print_best(best_feasible(tuner.study, tuner.budget), tuner.budget, console)
-    result = write_report(tuner.study, out_dir, tuner.budget, space=tuner.space)
+    result = write_report(tuner.study, out_dir, tuner.budget, plan=plan)
     for line in result.messages:
         console.print(line, markup=False, highlight=False)
     return result.exit_code

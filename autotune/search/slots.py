@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 
 from autotune.errors import UserError
-from autotune.probe.launcher import ProbeSettings
+from autotune.probe.contract import ProbeSettings
 
 
 @dataclass(frozen=True)

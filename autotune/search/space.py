@@ -73,6 +73,7 @@ from typing import Any
 import yaml
 
 from autotune.config.knobs import ALGORITHMS, ProbeConfig, physical_cores
+from autotune.config.schema import MISSING, Checker, is_int, show
 from autotune.errors import UserError
 
 __all__ = [
@@ -135,9 +136,6 @@ _LORA_KEYS = ("enabled", "r", "alpha")
 _PROBE_KEYS = ("iterations", "warmup", "timeout_seconds")
 
 
-_MISSING = object()  # a key the file does not have
-
-
 class SpaceError(UserError):
     """A search space with mistakes: `errors` holds one line per mistake, `<file>: <key>=<value>: <rule>`."""
 
@@ -187,7 +185,7 @@ class KnobSpec:
 
     def exponent(self, value: Any) -> int | None:
         """e with value == unit·2^e, or None."""
-        if not _is_int(value) or value < self.unit or value % self.unit:
+        if not is_int(value) or value < self.unit or value % self.unit:
             return None
         q = value // self.unit
         return q.bit_length() - 1 if q & (q - 1) == 0 else None
@@ -271,11 +269,6 @@ class SearchSpace:
             "lora_alpha": self.lora.alpha,
             "kl_coef": self.kl_coef,
         }
-
-    @property
-    def usable_budget_gib(self) -> float | None:
-        """budget·(1-headroom): the peak a feasible configuration stays within (None: device memory)."""
-        return None if self.memory_budget_gib is None else self.memory_budget_gib * (1 - self.headroom)
 
     def with_settings(self, **changes: Any) -> SearchSpace:
         """The same file with top-level settings replaced (e.g. `gpus=2` from the command line), rechecked."""
@@ -438,10 +431,10 @@ def _params_and_misfits(space: SearchSpace, config: ProbeConfig) -> tuple[dict[s
                 problems.append(f"{LOGPROB}={value}: the space uses micro_batch_size for forward passes")
             continue
         allowed = spec.values(space.cores)
-        if spec.name == WORKERS and _is_int(value) and value > space.cores:
+        if spec.name == WORKERS and is_int(value) and value > space.cores:
             problems.append(f"{WORKERS}={value}: exceeds the {space.cores} physical cores here")
         elif value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
-            problems.append(f"{spec.name}={_show(value)}: not one of {_show(list(allowed))}")
+            problems.append(f"{spec.name}={show(value)}: not one of {show(list(allowed))}")
         elif spec.searched:
             params[spec.param] = spec.exponent(value) if spec.kind == POW2 else value
     return params, problems
@@ -532,7 +525,7 @@ def space_from_dict(
     data: Any, source: str = "<search space>", cores: int | None = None, name: str | None = None
 ) -> SearchSpace:
     """Check a parsed space (e.g. from YAML) and build it; raise `SpaceError` listing every mistake."""
-    check = _Checker(source)
+    check = Checker(source)
     cores = physical_cores() if cores is None else cores
     if not isinstance(data, dict):
         check.error("", data, "a search space is a mapping of keys (model, gpus, knobs, ...)")
@@ -559,66 +552,11 @@ def space_from_dict(
     return dataclasses.replace(space, seed_configs=tuple(seeds))
 
 
-class _Checker:
-    """Collects every mistake as `<source>: <key.path>=<value>: <rule>`."""
-
-    def __init__(self, source: str):
-        self.source = source
-        self.errors: list[str] = []
-
-    def error(self, path: str, value: Any, rule: str) -> None:
-        where = f"{path}={_show(value)}" if path else _show(value)
-        if value is _MISSING:
-            where = path
-        self.errors.append(f"{self.source}: {where}: {rule}")
-
-    def unknown_keys(self, path: str, data: dict, known: tuple[str, ...], hint: str = "") -> None:
-        for key in data:
-            if key not in known:
-                close = difflib.get_close_matches(str(key), known, n=1)
-                guess = f" (did you mean {close[0]}?)" if close else ""
-                full = f"{path}.{key}" if path else str(key)
-                self.error(full, data[key], f"unknown key{guess}; known keys: {', '.join(known)}{hint}")
-
-    def integer(self, path: str, value: Any, minimum: int) -> int | None:
-        if not _is_int(value) or value < minimum:
-            self.error(path, value, f"must be a whole number >= {minimum}")
-            return None
-        return value
-
-    def number(self, path: str, value: Any, low: float, high: float | None = None, open_low=True) -> Any:
-        ok = _is_number(value) and (value > low if open_low else value >= low)
-        ok = ok and (high is None or value < high)
-        if not ok:
-            lower = f"> {low}" if open_low else f">= {low}"
-            self.error(path, value, f"must be a number {lower}" + (f" and < {high}" if high else ""))
-            return None
-        return float(value)
-
-    def text(self, path: str, value: Any, required: bool = False) -> str | None:
-        if not isinstance(value, str) or (required and not value.strip()):
-            self.error(path, value, "must be a non-empty string" if required else "must be a string")
-            return None
-        return value
-
-    def boolean(self, path: str, value: Any) -> bool | None:
-        if not isinstance(value, bool):
-            self.error(path, value, "must be true or false")
-            return None
-        return value
-
-    def mapping(self, path: str, value: Any) -> dict | None:
-        if not isinstance(value, dict):
-            self.error(path, value, "must be a mapping (key: value, ...)")
-            return None
-        return value
-
-
-def _parse_top(check: _Checker, data: dict) -> dict[str, Any]:
+def _parse_top(check: Checker, data: dict) -> dict[str, Any]:
     top: dict[str, Any] = {}
     top["description"] = check.text("description", data.get("description", "")) or ""
     if "model" not in data:
-        check.error("model", _MISSING, "missing: a registry name (`autotune models`) or a model directory")
+        check.error("model", MISSING, "missing: a registry name (`autotune models`) or a model directory")
     top["model"] = check.text("model", data.get("model"), required=True) if "model" in data else None
     top["reward_model"] = check.text("reward_model", data.get("reward_model", "function"), required=True)
     top["gpus"] = check.integer("gpus", data.get("gpus", 1), 1)
@@ -639,7 +577,7 @@ def _parse_top(check: _Checker, data: dict) -> dict[str, Any]:
     return top
 
 
-def _parse_section(check: _Checker, path: str, data: Any, keys: tuple[str, ...], cls: type) -> Any:
+def _parse_section(check: Checker, path: str, data: Any, keys: tuple[str, ...], cls: type) -> Any:
     default = cls()
     if check.mapping(path, data) is None:
         return default
@@ -657,14 +595,14 @@ def _parse_section(check: _Checker, path: str, data: Any, keys: tuple[str, ...],
     return cls(**{k: (getattr(default, k) if v is None else v) for k, v in values.items()})
 
 
-def _parse_knobs(check: _Checker, data: Any, unit: int | None, cores: int) -> dict[str, KnobSpec]:
+def _parse_knobs(check: Checker, data: Any, unit: int | None, cores: int) -> dict[str, KnobSpec]:
     if check.mapping("knobs", data) is None:
         return {}
     check.unknown_keys("knobs", data, KNOBS)
     knobs = {}
     for name in KNOBS:
         if name not in data and name not in OPTIONAL_KNOBS:
-            check.error(f"knobs.{name}", _MISSING, "missing: a value (fixed), {min, max} or {choices: [...]}")
+            check.error(f"knobs.{name}", MISSING, "missing: a value (fixed), {min, max} or {choices: [...]}")
             continue
         spec = _parse_knob(check, name, data.get(name, OPTIONAL_KNOBS.get(name)), unit, cores)
         if spec is not None:
@@ -672,7 +610,7 @@ def _parse_knobs(check: _Checker, data: Any, unit: int | None, cores: int) -> di
     return knobs
 
 
-def _parse_knob(check: _Checker, name: str, raw: Any, unit: int | None, cores: int) -> KnobSpec | None:
+def _parse_knob(check: Checker, name: str, raw: Any, unit: int | None, cores: int) -> KnobSpec | None:
     path = f"knobs.{name}"
     batch = name in EXPONENT_ORDER
     knob_unit = (unit or 0) if name in UNIT_KNOBS else 1
@@ -713,7 +651,7 @@ def _parse_knob(check: _Checker, name: str, raw: Any, unit: int | None, cores: i
     return dataclasses.replace(spec, low=exponent, high=exponent)
 
 
-def _parse_choices(check: _Checker, name: str, raw: Any, cores: int) -> KnobSpec | None:
+def _parse_choices(check: Checker, name: str, raw: Any, cores: int) -> KnobSpec | None:
     path = f"knobs.{name}.choices"
     if not isinstance(raw, list) or not raw:
         check.error(path, raw, "must be a non-empty list")
@@ -735,7 +673,7 @@ def _parse_choices(check: _Checker, name: str, raw: Any, cores: int) -> KnobSpec
     return KnobSpec(name, FIXED, tuple(raw)) if len(raw) == 1 else KnobSpec(name, CHOICES, tuple(raw))
 
 
-def _parse_range(check: _Checker, name: str, raw: dict, unit: int, cores: int) -> KnobSpec | None:
+def _parse_range(check: Checker, name: str, raw: dict, unit: int, cores: int) -> KnobSpec | None:
     path = f"knobs.{name}"
     for key in ("min", "max"):
         if key not in raw:
@@ -776,7 +714,7 @@ def _parse_range(check: _Checker, name: str, raw: dict, unit: int, cores: int) -
     return spec
 
 
-def _check_conflicts(check: _Checker, space: SearchSpace) -> None:
+def _check_conflicts(check: Checker, space: SearchSpace) -> None:
     """Report, naming the knobs, when the batch ranges admit no valid configuration at all."""
     k = {name: space.knob(name) for name in EXPONENT_ORDER}
     v, w = _v2(space.rollout_n), space.gpus
@@ -804,7 +742,7 @@ def _check_conflicts(check: _Checker, space: SearchSpace) -> None:
         )
 
 
-def _parse_seeds(check: _Checker, data: Any, space: SearchSpace | None) -> list[SeedConfig]:
+def _parse_seeds(check: Checker, data: Any, space: SearchSpace | None) -> list[SeedConfig]:
     if data is None:
         return []
     if not isinstance(data, list):
@@ -822,7 +760,7 @@ def _parse_seeds(check: _Checker, data: Any, space: SearchSpace | None) -> list[
         values: dict[str, Any] = {}
         for knob in KNOBS:
             if knob not in raw and knob not in OPTIONAL_KNOBS:
-                check.error(f"{path}.{knob}", _MISSING, "missing: a seed config sets every knob")
+                check.error(f"{path}.{knob}", MISSING, "missing: a seed config sets every knob")
                 continue
             value = raw.get(knob, OPTIONAL_KNOBS.get(knob))
             if knob == CHECKPOINTING:
@@ -840,14 +778,6 @@ def _parse_seeds(check: _Checker, data: Any, space: SearchSpace | None) -> list[
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _form(name: str, unit: int) -> str:
     if name in UNIT_KNOBS:
         return f"gpus×rollout_n×2^k = {unit}×2^k"
@@ -860,18 +790,3 @@ def _near(value: int, unit: int) -> str:
     while low * 2 <= value:
         low *= 2
     return f"{low} or {low * 2}" if value > unit else str(unit)
-
-
-def _show(value: Any) -> str:
-    """A value as the YAML file spells it, shortened."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return value if value.strip() else repr(value)
-    if isinstance(value, (dict, list)):
-        text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1_000_000).strip()
-    else:
-        text = str(value)
-    return text if len(text) <= 80 else text[:77] + "..."

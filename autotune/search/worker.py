@@ -2,7 +2,7 @@
 
 The study's storage (PostgreSQL across machines, a journal file on one node) is the only thing workers
 share: Optuna hands out trials, each worker probes on its own GPUs, and `autotune run` stored the space and
-probe settings with the study (`probe_plan`) so every worker probes the same way.
+probe settings with the study (its `StudyPlan`) so every worker probes the same way.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 from rich.console import Console
 
 from autotune.errors import UserError
-from autotune.probe.launcher import ProbeSettings
+from autotune.probe.contract import ProbeSettings
+from autotune.search.plan import StudyPlan
 from autotune.search.storage import check_parallel_safe, redact
 
 
@@ -30,11 +31,9 @@ class WorkerOptions:
     trust_remote_code: bool = False
 
 
-def stored_plan(study, name: str, storage: str) -> dict:
-    from autotune.search.run import PLAN_ATTR
-
-    plan = study.user_attrs.get(PLAN_ATTR)
-    if not plan:
+def stored_plan(study, name: str, storage: str) -> StudyPlan:
+    plan = StudyPlan.load(study)
+    if plan is None or not plan.space:
         raise UserError(
             f"study {name!r} in {redact(storage)} was not started by `autotune run` (it stores no probe "
             f"plan): start it with `autotune run --storage URL --study {name}` first"
@@ -42,8 +41,8 @@ def stored_plan(study, name: str, storage: str) -> dict:
     return plan
 
 
-def worker_settings(plan: dict, device: str, trust_remote_code: bool) -> ProbeSettings:
-    settings = ProbeSettings(**plan["settings"], device=device, trust_remote_code=trust_remote_code)
+def worker_settings(plan: StudyPlan, device: str, trust_remote_code: bool) -> ProbeSettings:
+    settings = plan.probe_settings(device, trust_remote_code)
     if settings.prompts_file and not Path(settings.prompts_file).is_file():
         raise UserError(
             f"the study's probes read their prompts from {settings.prompts_file} (autotune run --data), "
@@ -53,20 +52,21 @@ def worker_settings(plan: dict, device: str, trust_remote_code: bool) -> ProbeSe
 
 
 def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
-    from autotune.cli import resolve_device
     from autotune.memory.model import Architecture, MemoryModel
     from autotune.models.registry import resolve_model, resolve_reward_model
-    from autotune.report.write import budget_from_study
-    from autotune.search.run import PENDING_FILE, print_summary, probe_study
+    from autotune.probe.devices import resolve_device
+    from autotune.search.outage import PENDING_FILE
+    from autotune.search.run import print_summary, probe_study
     from autotune.search.slots import plan_slots
     from autotune.search.space import space_from_dict
-    from autotune.search.study import Tuner, finished_trials, memory_model_error, open_study
+    from autotune.search.study import finished_trials, memory_model_error, open_study
+    from autotune.search.tuner import Tuner
 
     console = console or Console()
     check_parallel_safe(options.storage, writers=2)  # a worker always shares the study with another
     study = open_study(options.storage, options.study, seed=None, create=False)  # seeds differ per worker
     plan = stored_plan(study, options.study, options.storage)
-    space = space_from_dict(plan["space"], source=f"study {options.study}", name=plan["space_name"])
+    space = space_from_dict(plan.space, source=f"study {options.study}", name=plan.space_name)
     if options.gpus is not None and options.gpus != space.gpus:
         raise UserError(
             f"--gpus {options.gpus}: study {options.study!r} measures probes on {space.gpus} GPU(s) each; "
@@ -78,9 +78,9 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     model = MemoryModel(
         Architecture.from_specs(actor, resolve_reward_model(space.reward_model)), space.gpus, device
     )
-    budget = budget_from_study(study)
+    budget = plan.budget
     slots = plan_slots(options.parallel, space.gpus, device)
-    trials = options.trials or int(plan["trials"])
+    trials = options.trials or int(plan.trials or 0)
     pending = options.out / options.study / PENDING_FILE
     tuner = Tuner(study, space, settings, budget, model, storage_url=options.storage, pending_path=pending)
     console.print(

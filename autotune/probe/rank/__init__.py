@@ -1,1 +1,1 @@
-"""Inside a probe rank (imported only by the programs in runners/): models, one PPO/GRPO iteration, measurement."""
+"""Inside a probe rank, imported only by the programs in runners/: models, a PPO/GRPO iteration, measures."""

@@ -22,7 +22,6 @@ import torch.distributed as dist
 from autotune.config.knobs import ProbeConfig
 from autotune.probe.rank import rl_math
 
-PHASES = ("rollout", "scoring", "advantages", "update")
 GAMMA, LAM, CLIP_RATIO, VALUE_CLIP = 1.0, 1.0, 0.2, 0.5  # verl's defaults
 
 

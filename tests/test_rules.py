@@ -1,7 +1,12 @@
 import pytest
 
-from autotune.config.knobs import ProbeConfig, make_config, parse_sets, violations
+from autotune.config.knobs import ProbeConfig, parse_sets
+from autotune.config.rules import config_findings, make_config
 from autotune.errors import UserError
+
+
+def violations(config: ProbeConfig, world_size: int, cores: int) -> list[str]:
+    return [finding.line for finding in config_findings(config, world_size, cores)]
 
 
 def test_parse_sets_types_values():
@@ -50,7 +55,8 @@ def test_seed_kl_pitfall_train_300_rollout_128():
         cores=8,
     )
     assert any(
-        "not a multiple of rollout_batch_size=128" in p and "use train_batch_size=384" in p for p in problems
+        "not a multiple of rollout_batch_size=128" in p and "fix: train_batch_size: 384" in p
+        for p in problems
     )
 
 
@@ -63,7 +69,7 @@ def test_mini_batch_must_divide_train_batch():
         2,
         cores=2,
     )
-    assert len(problems) == 1 and "=16" in problems[0] and "use train_batch_size=32" in problems[0]
+    assert len(problems) == 1 and "=16" in problems[0] and "fix: train_batch_size: 32" in problems[0]
 
 
 def test_rollout_must_split_into_whole_groups_per_rank():
@@ -106,6 +112,7 @@ def test_make_config_reports_every_problem_on_one_line():
 
 def test_non_positive_sizes():
     problems = violations(ProbeConfig(micro_batch_size=0, max_response_length=-1), 1, cores=2)
-    assert {"micro_batch_size=0: must be at least 1", "max_response_length=-1: must be at least 1"} <= set(
-        problems
-    )
+    assert {
+        "micro_batch_size=0: must be at least 1; fix: micro_batch_size: 1 or more",
+        "max_response_length=-1: must be at least 1; fix: max_response_length: 1 or more",
+    } <= set(problems)

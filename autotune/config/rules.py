@@ -1,0 +1,262 @@
+"""Every rule a configuration must keep, written once: `config_findings` returns each broken rule as a
+`Finding` (key, value, rule, fix). Building a config (`make_config`) raises one `UserError` from them,
+`autotune check` prints them, the study and the verl export refuse a config that has any.
+
+The rules and why (docs/design.md, "Knobs and invariants"), with W GPUs and n = rollout_n:
+
+    sizes >= 1                      the divisibility rules below divide by them
+    T % R == 0                      else each step generates more samples than it trains on: the rest are
+                                    dropped, the trained distribution shifts and the KL can explode
+    R % (W·n) == 0                  every GPU generates the same number of whole prompt groups
+    T % (m·g·W) == 0                every optimizer step gets g full micro-batches on every GPU
+    (T/W) % lm == 0                 forward-only micro-batches split a GPU's share evenly (verl's rule)
+    w <= physical cores             more DataLoader workers than cores compete for them: rollout stalls
+    Lp + Lr <= max positions        the model cannot attend beyond its position embeddings
+    GRPO: n >= 2                    GRPO normalises rewards within a group of answers to one prompt
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.config.knobs import ALGORITHMS, ProbeConfig, physical_cores
+from autotune.errors import UserError
+from autotune.units import divisors, round_up
+
+__all__ = [
+    "POSITIVE_KNOBS",
+    "Finding",
+    "config_findings",
+    "make_config",
+    "position_findings",
+    "problems",
+    "raise_for",
+]
+
+POSITIVE_KNOBS = (
+    "rollout_batch_size",
+    "train_batch_size",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "num_rollout_workers",
+    "max_prompt_length",
+    "max_response_length",
+    "rollout_n",
+    "lora_r",
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One broken rule (or, with severity "note", context worth saying), with its fix."""
+
+    check: str  # values, divisibility, workers, lengths, memory, reward, rollout, schema, verl, gpus
+    problem: str  # what is wrong, with the rule
+    fix: str = ""
+    severity: str = "problem"  # "problem" (exit 1, or a UserError) or "note" (context only)
+    key: str = ""  # the knob or file key it is about, when there is one
+    value: Any = None
+
+    @property
+    def line(self) -> str:
+        """The finding as one line: the problem, then the fix."""
+        return self.problem + (f"; fix: {self.fix}" if self.fix else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def problems(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity == "problem"]
+
+
+def raise_for(findings: list[Finding]) -> None:
+    """One UserError, on one line, naming every problem among `findings`; nothing when there is none."""
+    found = problems(findings)
+    if found:
+        raise UserError("; ".join(f.line for f in found))
+
+
+def make_config(overrides: dict[str, Any], world_size: int, base: ProbeConfig | None = None) -> ProbeConfig:
+    """Apply overrides to a base config and check every rule; all problems are reported at once."""
+    config = dataclasses.replace(base or ProbeConfig(), **overrides)
+    raise_for(config_findings(config, world_size))
+    return config
+
+
+def config_findings(
+    config: ProbeConfig, world_size: int, cores: int | None = None, model_spec: Any = None
+) -> list[Finding]:
+    """Every rule `config` breaks on `world_size` GPUs; `cores` defaults to this machine's physical cores,
+    and the position rule runs when `model_spec` (a registry ModelSpec) is given."""
+    found = _value_findings(config)
+    if found:  # the divisibility rules below need positive sizes
+        return found
+    found += _group_findings(config, world_size)
+    found += _rollout_findings(config, world_size)
+    found += _mini_batch_findings(config, world_size)
+    found += worker_findings(config, cores)
+    if model_spec is not None:
+        found += position_findings(config, model_spec)
+    return found
+
+
+def _value_findings(c: ProbeConfig) -> list[Finding]:
+    found = [
+        Finding("values", f"{key}={value}: must be at least 1", f"{key}: 1 or more", key=key, value=value)
+        for key in POSITIVE_KNOBS
+        if (value := getattr(c, key)) < 1
+    ]
+    lm = c.log_prob_micro_batch_size
+    if lm is not None and lm < 1:
+        found.append(
+            Finding(
+                "values",
+                f"log_prob_micro_batch_size={lm}: must be at least 1 (or none: same as micro_batch_size)",
+                "log_prob_micro_batch_size: 1 or more",
+                key="log_prob_micro_batch_size",
+                value=lm,
+            )
+        )
+    if c.algorithm not in ALGORITHMS:
+        fix = f"algorithm: one of {', '.join(ALGORITHMS)}"
+        found.append(
+            Finding("values", f"algorithm={c.algorithm}: unknown", fix, "problem", "algorithm", c.algorithm)
+        )
+    if c.kl_coef < 0:
+        found.append(
+            Finding(
+                "values",
+                f"kl_coef={c.kl_coef}: must be >= 0",
+                "kl_coef: 0 or more",
+                "problem",
+                "kl_coef",
+                c.kl_coef,
+            )
+        )
+    return found
+
+
+def _group_findings(c: ProbeConfig, gpus: int) -> list[Finding]:
+    if c.algorithm != "grpo" or c.rollout_n >= 2:
+        return []
+    return [
+        Finding(
+            "divisibility",
+            f"rollout_n={c.rollout_n}: GRPO normalises rewards within a group of answers to one prompt, "
+            f"so rollout_n must be >= 2",
+            "rollout_n: 4",
+            key="rollout_n",
+            value=c.rollout_n,
+        )
+    ]
+
+
+def _rollout_findings(c: ProbeConfig, gpus: int) -> list[Finding]:
+    found = []
+    T, R = c.train_batch_size, c.rollout_batch_size
+    if T % R:
+        rollouts = -(-T // R)
+        dropped = rollouts * R - T
+        options = [f"train_batch_size: {rollouts * R} ({rollouts} rollouts)"]
+        if T > R:
+            options.append(f"{(T // R) * R} ({T // R})")
+        found.append(
+            Finding(
+                "divisibility",
+                f"train_batch_size={T} is not a multiple of rollout_batch_size={R}: each step generates "
+                f"{rollouts}×{R}={rollouts * R} samples and trains on {T}, so {dropped} "
+                f"({dropped / (rollouts * R):.0%}) are dropped: the trained distribution shifts and the KL "
+                f"can explode",
+                " or ".join(options) + f", or a rollout_batch_size that divides {T}",
+                key="train_batch_size",
+                value=T,
+            )
+        )
+    group = gpus * c.rollout_n
+    if R % group:
+        found.append(
+            Finding(
+                "divisibility",
+                f"rollout_batch_size={R} is not a multiple of gpus×rollout_n={gpus}×{c.rollout_n}: every GPU "
+                f"must generate the same number of whole prompt groups",
+                f"rollout_batch_size: {round_up(R, group)}",
+                key="rollout_batch_size",
+                value=R,
+            )
+        )
+    return found
+
+
+def _mini_batch_findings(c: ProbeConfig, gpus: int) -> list[Finding]:
+    m, g, T = c.micro_batch_size, c.gradient_accumulation_steps, c.train_batch_size
+    mini = m * g * gpus
+    found = []
+    if T % mini:
+        down = (T // mini) * mini
+        found.append(
+            Finding(
+                "divisibility",
+                f"train_batch_size={T} is not a multiple of micro_batch_size×gradient_accumulation_steps×"
+                f"gpus={m}×{g}×{gpus}={mini}: every optimizer step needs exactly {g} full micro-batches on "
+                f"every GPU (verl rejects a partial mini-batch)",
+                f"train_batch_size: {round_up(T, mini)}"
+                + (f" or {down}" if down else "")
+                + ", or a micro_batch_size×gradient_accumulation_steps whose product×gpus divides it",
+                key="train_batch_size",
+                value=T,
+            )
+        )
+    forward = c.forward_micro_batch_size
+    if T % gpus == 0 and (T // gpus) % forward:
+        share = T // gpus
+        divisor = max(d for d in divisors(share) if d <= forward)
+        found.append(
+            Finding(
+                "divisibility",
+                f"log_prob_micro_batch_size={forward} (the forward-only micro batch; none means "
+                f"micro_batch_size) does not divide the per-GPU share train_batch_size/gpus={share}: "
+                f"forward-only micro-batches must split it evenly (verl's rule)",
+                f"log_prob_micro_batch_size: {divisor}, or a train_batch_size whose share it divides",
+                key="log_prob_micro_batch_size",
+                value=forward,
+            )
+        )
+    return found
+
+
+def worker_findings(c: ProbeConfig, cores: int | None = None) -> list[Finding]:
+    """More DataLoader workers than physical cores compete for them, and rollout stalls."""
+    limit = physical_cores() if cores is None else cores
+    if c.num_rollout_workers <= limit:
+        return []
+    where = "physical cores of this machine" if cores is None else "cores given"
+    return [
+        Finding(
+            "workers",
+            f"num_rollout_workers={c.num_rollout_workers} exceeds the {limit} {where}: workers "
+            f"compete for cores and rollout stalls",
+            f"num_rollout_workers: {limit}",
+            key="num_rollout_workers",
+            value=c.num_rollout_workers,
+        )
+    ]
+
+
+def position_findings(c: ProbeConfig, model_spec: Any) -> list[Finding]:
+    """Prompt plus response must fit the model's position embeddings."""
+    limit = getattr(model_spec.config, "max_position_embeddings", None)
+    if not limit or c.sequence_length <= limit:
+        return []
+    return [
+        Finding(
+            "lengths",
+            f"max_prompt_length+max_response_length={c.sequence_length} exceeds {model_spec.name}'s "
+            f"max_position_embeddings={limit}",
+            "shorten the lengths",
+            key="max_response_length",
+            value=c.max_response_length,
+        )
+    ]

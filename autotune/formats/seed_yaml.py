@@ -1,0 +1,209 @@
+"""The seed article's config schema: best_config.yaml is written in it, and `autotune check` reads it back.
+
+    document = seed_document(config, model="llama-2-7b", reward_model="function", measured={...})
+    text = seed_yaml(document, header="# ...\n")
+    target = read_seed(yaml.safe_load(text), Path("best_config.yaml"))    # target.config == config
+
+The schema (as the article writes its hand-made configs): the batch knobs at the top level,
+`actor_model_config` (model, LoRA, gradient checkpointing, optionally `fsdp_config`), `reward_model_config`,
+and `fsdp_config` (at the top level or inside `actor_model_config`: the article's text allows both; inside
+wins). Keys the article uses outside that schema (init_kl_coef, kl_target, log_level, dataset_cache_dir) and
+best_config.yaml's `measured:` block are accepted unchecked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.config.knobs import ProbeConfig
+from autotune.config.rules import Finding
+from autotune.config.schema import MISSING, Checker
+from autotune.errors import UserError
+from autotune.formats.target import Target
+from autotune.models.names import model_name_or_path
+
+__all__ = ["SHARDING", "read_seed", "seed_document", "seed_yaml"]
+
+INT, BOOL, STR, NUM, SECTION = "int", "bool", "str", "number", "section"
+KNOBS: dict[str, str] = {
+    "rollout_batch_size": INT,
+    "train_batch_size": INT,
+    "micro_batch_size": INT,
+    "gradient_accumulation_steps": INT,
+    "num_rollout_workers": INT,
+    "max_prompt_length": INT,
+    "max_response_length": INT,
+    "log_prob_micro_batch_size": INT,
+    "gradient_checkpointing": BOOL,
+    "algorithm": STR,
+    "rollout_n": INT,
+    "kl_coef": NUM,
+}
+REQUIRED = (
+    "rollout_batch_size",
+    "train_batch_size",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "max_prompt_length",
+    "max_response_length",
+)
+WRITTEN_KNOBS = (*REQUIRED[:4], "num_rollout_workers", *REQUIRED[4:])  # best_config.yaml's order
+FSDP_KEYS = {"sharding_strategy": STR, "cpu_offload": BOOL}
+SECTIONS: dict[str, dict[str, str]] = {
+    "actor_model_config": {
+        "model_name_or_path": STR,
+        "use_lora": BOOL,
+        "lora_r": INT,
+        "lora_alpha": INT,
+        "gradient_checkpointing": BOOL,
+        "fsdp_config": SECTION,
+    },
+    "reward_model_config": {"model_name_or_path": STR, "trainable": BOOL},
+    "fsdp_config": FSDP_KEYS,
+}
+UNCHECKED = {"init_kl_coef", "kl_target", "log_level", "dataset_cache_dir", "measured"}
+SHARDING = {  # torch FSDP strategy -> how the states are modelled
+    "FULL_SHARD": "full_shard",
+    "HYBRID_SHARD": "full_shard",  # full shard within a node: the same per GPU on one node
+    "SHARD_GRAD_OP": "shard_grad_op",
+    "_HYBRID_SHARD_ZERO2": "shard_grad_op",
+    "NO_SHARD": "none",
+}
+
+
+# --- writing ---------------------------------------------------------------------------------------------
+
+
+def seed_document(
+    config: ProbeConfig, model: str, reward_model: str, measured: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """`config` in the seed's schema; `measured` (the study's figures) becomes a `measured:` block."""
+    c = config
+    data: dict[str, Any] = {key: getattr(c, key) for key in WRITTEN_KNOBS}
+    if c.log_prob_micro_batch_size is not None:
+        data["log_prob_micro_batch_size"] = c.log_prob_micro_batch_size
+    data.update(
+        gradient_checkpointing=c.gradient_checkpointing,
+        algorithm=c.algorithm,
+        rollout_n=c.rollout_n,
+        kl_coef=c.kl_coef,
+    )
+    actor: dict[str, Any] = {"model_name_or_path": model_name_or_path(model), "use_lora": c.use_lora}
+    if c.use_lora:
+        actor.update(lora_r=c.lora_r, lora_alpha=c.lora_alpha)
+    data["actor_model_config"] = actor
+    if reward_model != "function":
+        data["reward_model_config"] = {
+            "model_name_or_path": model_name_or_path(reward_model),
+            "trainable": False,
+        }
+    if measured is not None:
+        data["measured"] = measured
+    return data
+
+
+def seed_yaml(document: dict[str, Any], header: str = "") -> str:
+    return header + yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
+
+
+# --- reading ---------------------------------------------------------------------------------------------
+
+
+def read_seed(data: dict[str, Any], path: Path) -> Target:
+    """A parsed seed-schema file; wrong types and missing batch knobs are one UserError, unknown keys
+    findings."""
+    check = Checker("")
+    findings = [
+        _unknown(key, guess, [*KNOBS, *SECTIONS, *sorted(UNCHECKED)])
+        for key, guess in check.unknown_keys("", data, (*KNOBS, *SECTIONS, *UNCHECKED), record=False)
+    ]
+    knobs = {key: _typed(check, key, data[key], kind) for key, kind in KNOBS.items() if key in data}
+    sections = {name: _section(check, name, data.get(name) or {}, findings) for name in SECTIONS}
+    missing = [k for k in REQUIRED if k not in data]
+    if missing:
+        check.error(", ".join(missing), MISSING, f"missing: the seed's batch knobs are {', '.join(REQUIRED)}")
+    if check.errors:
+        raise UserError(f"config '{path}': " + "; ".join(check.errors))
+    actor, reward = sections["actor_model_config"], sections["reward_model_config"]
+    fsdp = {**sections["fsdp_config"], **actor.get("fsdp_config", {})}
+    config = _config(knobs, actor)
+    strategy = str(fsdp.get("sharding_strategy", "NO_SHARD" if not fsdp else "FULL_SHARD")).upper()
+    findings += _strategy_findings(strategy)
+    measured = data.get("measured") if isinstance(data.get("measured"), dict) else {}
+    budget = measured.get("budget_gib")
+    return Target(
+        kind="seed schema",
+        config=config,
+        model=actor.get("model_name_or_path"),
+        reward_model=reward.get("model_name_or_path"),
+        reward_trainable=bool(reward.get("trainable", False)),
+        sharding=SHARDING.get(strategy, "none"),
+        sharding_label=f"FSDP {strategy}" if fsdp else "replicated (DDP)",
+        offload=bool(fsdp.get("cpu_offload", False)),
+        gpus=measured.get("gpus") if isinstance(measured.get("gpus"), int) else None,
+        memory_gib=float(budget) if isinstance(budget, (int, float)) else None,
+        findings=findings,
+    )
+
+
+def _typed(check: Checker, path: str, value: Any, kind: str) -> Any:
+    if kind == INT:
+        return check.integer(path, value)
+    if kind == BOOL:
+        return check.boolean(path, value)
+    if kind == STR:
+        return check.text(path, value)
+    if kind == NUM:
+        return check.number(path, value)
+    return check.mapping(path, value)
+
+
+def _unknown(key: str, guess: str | None, known: list[str]) -> Finding:
+    return Finding(
+        "schema",
+        f"unknown key {key}: not in the seed's schema, so nothing reads it"
+        + (f" (did you mean {guess!r}?)" if guess else ""),
+        f"rename it to {guess}" if guess else f"remove it; known keys: {', '.join(known)}",
+        key=key,
+    )
+
+
+def _section(check: Checker, name: str, raw: Any, findings: list[Finding]) -> dict[str, Any]:
+    """A section's typed values; unknown keys become findings, wrong types errors."""
+    if check.mapping(name, raw) is None:
+        return {}
+    schema = SECTIONS[name]
+    for key, guess in check.unknown_keys(name, raw, tuple(schema), record=False):
+        findings.append(_unknown(key, guess, list(schema)))
+    values = {}
+    for key, value in raw.items():
+        if key == "fsdp_config":
+            values[key] = _section(check, "fsdp_config", value, findings)
+        elif key in schema:
+            values[key] = _typed(check, f"{name}.{key}", value, schema[key])
+    return values
+
+
+def _config(knobs: dict[str, Any], actor: dict[str, Any]) -> ProbeConfig:
+    values = {k: v for k, v in knobs.items() if v is not None}
+    values.setdefault("num_rollout_workers", 1)  # the article: "default 1, fine for debugging"
+    if "gradient_checkpointing" in actor:
+        values["gradient_checkpointing"] = actor["gradient_checkpointing"]
+    values["use_lora"] = bool(actor.get("use_lora", False))
+    for key in ("lora_r", "lora_alpha"):
+        if actor.get(key) is not None:
+            values[key] = actor[key]
+    return dataclasses.replace(ProbeConfig(), **values)
+
+
+def _strategy_findings(strategy: str) -> list[Finding]:
+    if strategy in SHARDING:
+        return []
+    problem = f"fsdp_config.sharding_strategy={strategy}: not a torch FSDP strategy"
+    return [
+        Finding("schema", problem, f"use one of {', '.join(SHARDING)}", key="fsdp_config.sharding_strategy")
+    ]

@@ -1,0 +1,238 @@
+"""Everything the report's renderers need, computed once from a study: `build_report`.
+
+The recommendation is written in the seed's schema (`autotune.formats.seed_yaml`) with a `measured:` block
+holding the chosen trial's figures exactly as the study recorded them, and as verl overrides
+(`autotune.formats.verl`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+import pandas as pd
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.formats.seed_yaml import seed_document, seed_yaml
+from autotune.formats.verl import VerlOverrides, verl_overrides
+from autotune.memory.advice import remedies
+from autotune.models.names import verl_model_path
+from autotune.report.selection import Selection, select
+from autotune.search.plan import StudyPlan
+from autotune.search.study import Budget, memory_model_error, trial_config, trial_status
+from autotune.status import LAUNCHED, Attr, Status
+from autotune.units import GIB, gib
+
+__all__ = ["Gain", "ReportData", "advice", "best_config_yaml", "build_report", "measured_block"]
+
+INT_COLUMNS = ("calibration_points", "duplicate_of", "dominates_oom_trial", "log_prob_micro_batch_size")
+
+
+@dataclass
+class Gain:
+    name: str  # the hand-made config's name
+    trial: FrozenTrial
+    ratio: float | None  # chosen samples/sec over the seed's (None when the seed did not run ok)
+
+
+@dataclass
+class ReportData:
+    """Everything the renderers need, computed once."""
+
+    study_name: str
+    plan: StudyPlan  # model, reward model, GPUs (those the winner was measured on), space
+    budget: Budget
+    selection: Selection
+    trials: list[FrozenTrial]  # every trial of the study, any state
+    frame: pd.DataFrame
+    gains: list[Gain]
+    cost: dict[str, Any]
+    model_error: tuple[float | None, int]
+    best_config: dict[str, Any] | None
+    verl: VerlOverrides | None
+    created: str
+    advice: dict[int, list[str]] = field(default_factory=dict)  # closest trial number -> what to change
+
+    @property
+    def complete(self) -> list[FrozenTrial]:
+        return [t for t in self.trials if t.state == TrialState.COMPLETE and t.values is not None]
+
+
+def build_report(
+    study: optuna.Study,
+    budget: Budget,
+    plan: StudyPlan,
+    exclude: Iterable[int] = (),
+    now: dt.datetime | None = None,
+) -> ReportData:
+    created = (now or dt.datetime.now(dt.timezone.utc)).isoformat(timespec="seconds")
+    selection = select(study, budget, exclude)
+    trials = study.get_trials(deepcopy=False)
+    chosen = selection.chosen
+    measured_gpus = (
+        (chosen.user_attrs.get(Attr.RESULT) or {}).get("world_size") if chosen else None
+    ) or plan.gpus
+    plan = dataclasses.replace(plan, gpus=int(measured_gpus))  # the GPUs the winner was measured on
+    document = verl = None
+    if chosen is not None:
+        config = trial_config(chosen)
+        measured = measured_block(chosen, study.study_name, plan.gpus, budget, created)
+        document = seed_document(config, plan.model, plan.reward_model, measured)
+        verl = verl_overrides(config, plan.gpus, verl_model_path(plan.model))
+    return ReportData(
+        study_name=study.study_name,
+        plan=plan,
+        budget=budget,
+        selection=selection,
+        trials=trials,
+        frame=trials_frame(trials, selection, budget),
+        gains=seed_gains(trials, chosen),
+        cost=study_cost(trials),
+        model_error=memory_model_error(study),
+        best_config=document,
+        verl=verl,
+        created=created,
+        advice={t.number: advice(t, budget) for t in selection.closest},
+    )
+
+
+def measured_block(
+    trial: FrozenTrial, study_name: str, gpus: int, budget: Budget, created: str
+) -> dict[str, Any]:
+    """The chosen trial's figures, exactly as the study recorded them, for best_config.yaml."""
+    result = trial.user_attrs.get(Attr.RESULT) or {}
+    speed, peak = float(trial.values[0]), float(trial.values[1])
+    return {
+        "samples_per_sec": speed,
+        "tokens_per_sec": result.get("tokens_per_sec"),
+        "peak_memory_gib": round(peak / GIB, 4),
+        "peak_memory_bytes": int(peak),
+        "peak_memory_source": result.get("peak_memory_source"),
+        "gpu": (result.get("environment") or {}).get("gpu"),
+        "device": result.get("device"),
+        "gpus": gpus,
+        "budget_gib": round(budget.bytes / GIB, 4),
+        "headroom": budget.headroom,
+        "trial_number": trial.number,
+        "study_name": study_name,
+        "date": created,
+    }
+
+
+def best_config_yaml(report: ReportData) -> str:
+    data, plan = report.best_config, report.plan
+    assert data is not None, "no recommendation to write"
+    reward = "" if plan.reward_model != "function" else "# reward: a rule-based function (no reward model)\n"
+    header = (
+        f"# autotune: the Pareto-best configuration of study {report.study_name} (trial "
+        f"#{data['measured']['trial_number']}), measured by a real {data['algorithm'].upper()} "
+        f"iteration.\n# Sizes count samples (responses) over all {plan.gpus} GPU(s); micro sizes are per "
+        f"GPU. verl_overrides.txt has the same config in verl's keys.\n{reward}"
+    )
+    return seed_yaml(data, header)
+
+
+def advice(trial: FrozenTrial, budget: Budget) -> list[str]:
+    """What to change so that this trial's config fits: how far it is, then the first-aid remedies."""
+    config, status = trial_config(trial), trial_status(trial)
+    if config is None:
+        return []
+    if status == Status.TIMEOUT:
+        return [
+            "the probe timed out: raise --timeout-per-probe, or shorten max_response_length "
+            f"({config.max_response_length} -> {max(1, config.max_response_length // 2)})"
+        ]
+    peak = float(trial.values[1])
+    over = max(0.0, peak - budget.limit)
+    share = f"{over / GIB:.2f} GiB ({over / max(peak, 1.0):.0%})"
+    if status in (Status.OOM, Status.INFERRED_OOM):  # the recorded peak is a lower bound: the budget
+        tips = [f"{status}: needs more than the {gib(budget.bytes)} GiB budget; cut at least {share}"]
+    else:
+        tips = [f"peak {gib(peak)} GiB must fall by {share} to fit {gib(budget.limit)} GiB"]
+    changes = [remedy.change for remedy in remedies(config)]
+    return [*tips, *changes, "or a larger memory budget"]
+
+
+# --- trials.csv, gains, cost ------------------------------------------------------------------------------
+
+
+def trial_row(trial: FrozenTrial, selection: Selection, budget: Budget) -> dict[str, Any]:
+    attrs = trial.user_attrs
+    result = attrs.get(Attr.RESULT) or {}
+    done = trial.state == TrialState.COMPLETE and trial.values is not None
+    row: dict[str, Any] = {
+        "number": trial.number,
+        "state": trial.state.name,
+        "status": trial_status(trial),
+        "seed_config": attrs.get(Attr.SEED_CONFIG),
+        "samples_per_sec": trial.values[0] if done else None,
+        "tokens_per_sec": result.get("tokens_per_sec"),
+        "peak_gib": trial.values[1] / GIB if done else None,
+        "predicted_peak_gib": attrs[Attr.PREDICTED_PEAK_BYTES] / GIB
+        if attrs.get(Attr.PREDICTED_PEAK_BYTES)
+        else None,
+        "calibration_points": attrs.get(Attr.CALIBRATION_POINTS),
+        "feasible": bool(done and trial_status(trial) == Status.OK and trial.values[1] <= budget.limit),
+        "on_front": any(t.number == trial.number for t in selection.front),
+        "chosen": selection.chosen is not None and selection.chosen.number == trial.number,
+        "iteration_seconds": result.get("iteration_seconds"),
+        "wall_seconds": result.get("wall_seconds"),
+        "oom_kind": attrs.get(Attr.OOM_KIND),
+        "duplicate_of": attrs.get(Attr.DUPLICATE_OF),
+        "dominates_oom_trial": attrs.get(Attr.DOMINATES_OOM_TRIAL),
+    }
+    for phase, seconds in (result.get("phase_seconds") or {}).items():
+        row[f"phase_{phase}_s"] = seconds
+    row.update(attrs.get(Attr.CONFIG) or {})
+    row.update({f"param_{name}": value for name, value in trial.params.items()})
+    row["datetime_start"] = trial.datetime_start
+    row["datetime_complete"] = trial.datetime_complete
+    return row
+
+
+def trials_frame(trials: list[FrozenTrial], selection: Selection, budget: Budget) -> pd.DataFrame:
+    frame = pd.DataFrame([trial_row(t, selection, budget) for t in trials])
+    for column in INT_COLUMNS:  # whole numbers stay whole where some trials have none
+        if column in frame:
+            frame[column] = frame[column].astype("Int64")
+    return frame
+
+
+def seed_gains(trials: list[FrozenTrial], chosen: FrozenTrial | None) -> list[Gain]:
+    """The chosen config's speed over each measured hand-made config of the seed."""
+    gains = []
+    for trial in trials:
+        name = trial.user_attrs.get(Attr.SEED_CONFIG)
+        if not name or trial.state != TrialState.COMPLETE or trial.values is None:
+            continue
+        ok = trial_status(trial) == Status.OK and trial.values[0] > 0
+        ratio = chosen.values[0] / trial.values[0] if chosen is not None and ok else None
+        gains.append(Gain(str(name), trial, ratio))
+    return gains
+
+
+def study_cost(trials: list[FrozenTrial]) -> dict[str, Any]:
+    """Probes run and their wall time; probes avoided by reason (memory model, dominance, duplicates)."""
+    launched = [t for t in trials if trial_status(t) in LAUNCHED and Attr.DUPLICATE_OF not in t.user_attrs]
+    avoided: dict[str, int] = {}
+    for trial in trials:
+        reason = "duplicate" if Attr.DUPLICATE_OF in trial.user_attrs else trial_status(trial)
+        if reason not in LAUNCHED and trial.state != TrialState.RUNNING:
+            avoided[reason] = avoided.get(reason, 0) + 1
+    walls = [float((t.user_attrs.get(Attr.RESULT) or {}).get("wall_seconds") or 0.0) for t in launched]
+    starts = [t.datetime_start for t in trials if t.datetime_start]
+    ends = [t.datetime_complete for t in trials if t.datetime_complete]
+    span = (max(ends) - min(starts)).total_seconds() if starts and ends else 0.0
+    return {
+        "trials": len(trials),
+        "probes_run": len(launched),
+        "probes_avoided": sum(avoided.values()),
+        "avoided_by_status": dict(sorted(avoided.items())),
+        "probe_wall_seconds": sum(walls),
+        "running": sum(t.state == TrialState.RUNNING for t in trials),
+        "study_span_seconds": span,
+    }

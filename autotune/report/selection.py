@@ -1,0 +1,81 @@
+"""Which trial the report recommends: the Pareto-best, from Optuna's feasible Pareto front.
+
+`study.best_trials` keeps only feasible trials (every constraint <= 0). Among its ok trials within
+budget·(1 − headroom), the fastest wins; ties go to less memory, then to the original measurement over a
+duplicate. When nothing is feasible, the closest trials (smallest violation) are shown with what to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.search.study import Budget, trial_status
+from autotune.status import Attr, Status
+
+__all__ = ["Selection", "best_feasible", "closest_trials", "ok_front", "pareto_best", "select"]
+
+CLOSEST = 3
+
+
+@dataclass
+class Selection:
+    front: list[FrozenTrial]  # Optuna's feasible Pareto front, fastest first
+    chosen: FrozenTrial | None  # the Pareto-best config, None when nothing is feasible
+    closest: list[FrozenTrial] = field(default_factory=list)  # only when nothing is feasible
+
+
+def ok_front(study: optuna.Study) -> list[FrozenTrial]:
+    """Optuna's feasible Pareto front, ok trials only: fastest first, ties to less memory, originals first."""
+    front = [t for t in study.best_trials if t.user_attrs.get(Attr.STATUS) == Status.OK]
+    return sorted(
+        front, key=lambda t: (-t.values[0], t.values[1], Attr.DUPLICATE_OF in t.user_attrs, t.number)
+    )
+
+
+def pareto_best(
+    front: list[FrozenTrial], budget: Budget, exclude: set[int] = frozenset()
+) -> FrozenTrial | None:
+    """The first trial of a sorted front within budget·(1 − headroom), skipping excluded trials and their
+    duplicates (a confirmation probe rejected them)."""
+    for trial in front:
+        if (
+            trial.values[1] <= budget.limit
+            and trial.number not in exclude
+            and trial.user_attrs.get(Attr.DUPLICATE_OF) not in exclude
+        ):
+            return trial
+    return None
+
+
+def best_feasible(study: optuna.Study, budget: Budget) -> FrozenTrial | None:
+    """The Pareto-best trial: the one the report recommends."""
+    return pareto_best(ok_front(study), budget)
+
+
+def select(study: optuna.Study, budget: Budget, exclude: Iterable[int] = ()) -> Selection:
+    """The feasible Pareto front and the Pareto-best trial.
+
+    `exclude`: trial numbers a confirmation probe rejected; their duplicates (same config) go with them.
+    """
+    front = ok_front(study)
+    chosen = pareto_best(front, budget, set(exclude))
+    closest = [] if chosen else closest_trials(study, budget)
+    return Selection(front, chosen, closest)
+
+
+def closest_trials(study: optuna.Study, budget: Budget, count: int = CLOSEST) -> list[FrozenTrial]:
+    """Complete trials with the smallest violation: memory over the limit first, then a failed run."""
+    complete = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if t.values is not None and Attr.DUPLICATE_OF not in t.user_attrs
+    ]
+
+    def violation(t: FrozenTrial) -> tuple[float, int, float]:
+        return max(0.0, t.values[1] - budget.limit), int(trial_status(t) != Status.OK), -t.values[0]
+
+    return sorted(complete, key=violation)[:count]

@@ -1,0 +1,193 @@
+"""The report's tables, shared by report.md and report.html so that both say the same thing.
+
+Each table is `(headers, rows)` of display strings.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from optuna.trial import FrozenTrial
+
+from autotune.search.study import describe_budget, trial_config, trial_status
+from autotune.status import Attr, Status
+from autotune.units import GIB
+
+if TYPE_CHECKING:
+    from autotune.report.data import ReportData
+
+Table = tuple[list[str], list[list[str]]]
+KNOB_COLUMNS = (
+    ("T", "train_batch_size"),
+    ("R", "rollout_batch_size"),
+    ("m", "micro_batch_size"),
+    ("g", "gradient_accumulation_steps"),
+    ("lm", "forward_micro_batch_size"),
+    ("w", "num_rollout_workers"),
+    ("Lp", "max_prompt_length"),
+    ("Lr", "max_response_length"),
+    ("ckpt", "gradient_checkpointing"),
+)
+MAX_ROWS = 40
+
+
+def gib(value: float | int | None) -> str:
+    return "-" if value is None else f"{value / GIB:.3f}"
+
+
+def seconds(value: float) -> str:
+    if value >= 3600:
+        return f"{value / 3600:.1f} h"
+    return f"{value / 60:.1f} min" if value >= 120 else f"{value:.1f} s"
+
+
+def knob_cells(trial: FrozenTrial) -> list[str]:
+    config = trial_config(trial)
+    if config is None:
+        return ["-"] * len(KNOB_COLUMNS)
+    return [
+        ("on" if v else "off") if isinstance(v, bool) else str(v)
+        for v in (getattr(config, attr) for _, attr in KNOB_COLUMNS)
+    ]
+
+
+def _figures(trial: FrozenTrial) -> list[str]:
+    result = trial.user_attrs.get(Attr.RESULT) or {}
+    tokens = result.get("tokens_per_sec")
+    return [f"{trial.values[0]:.3f}", "-" if tokens is None else f"{tokens:.1f}", gib(trial.values[1])]
+
+
+def front_table(report: ReportData) -> Table:
+    chosen = report.selection.chosen
+    headers = ["trial", "samples/s", "tokens/s", "peak GiB", *(h for h, _ in KNOB_COLUMNS), "seed config"]
+    rows = []
+    for trial in report.selection.front:
+        mark = " (chosen)" if chosen is not None and trial.number == chosen.number else ""
+        if Attr.DUPLICATE_OF in trial.user_attrs:
+            mark = f" (= #{trial.user_attrs[Attr.DUPLICATE_OF]})"
+        rows.append(
+            [
+                f"#{trial.number}{mark}",
+                *_figures(trial),
+                *knob_cells(trial),
+                str(trial.user_attrs.get(Attr.SEED_CONFIG) or ""),
+            ]
+        )
+    return headers, rows
+
+
+def show(value: object) -> str:
+    """A value as best_config.yaml spells it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)
+
+
+def recommendation_table(report: ReportData) -> Table:
+    """best_config.yaml as rows, sections flattened to `section.key`."""
+    rows = []
+    for key, value in (report.best_config or {}).items():
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        rows += [[f"{key}.{sub}" if sub else key, show(v)] for sub, v in items]
+    return ["key", "value"], rows
+
+
+def closest_table(report: ReportData) -> Table:
+    headers = ["trial", "status", "peak GiB", "over limit GiB", *(h for h, _ in KNOB_COLUMNS)]
+    rows = []
+    for trial in report.selection.closest:
+        over = max(0.0, trial.values[1] - report.budget.limit)
+        rows.append(
+            [f"#{trial.number}", trial_status(trial), gib(trial.values[1]), gib(over), *knob_cells(trial)]
+        )
+    return headers, rows
+
+
+def gains_table(report: ReportData) -> Table:
+    headers = ["hand-made config", "trial", "status", "samples/s", "peak GiB", "tuned / hand-made"]
+    rows = []
+    for gain in report.gains:
+        t = gain.trial
+        ratio = (
+            f"{gain.ratio:.2f}x"
+            if gain.ratio
+            else (
+                "runs where it did not" if report.selection.chosen and trial_status(t) != Status.OK else "-"
+            )
+        )
+        rows.append(
+            [gain.name, f"#{t.number}", trial_status(t), f"{t.values[0]:.3f}", gib(t.values[1]), ratio]
+        )
+    return headers, rows
+
+
+def memory_model_table(report: ReportData) -> Table:
+    headers = ["trial", "predicted GiB", "measured GiB", "error", "calibration points"]
+    rows = []
+    for trial in report.complete:
+        attrs = trial.user_attrs
+        if (
+            trial_status(trial) != Status.OK
+            or not attrs.get(Attr.PREDICTED_PEAK_BYTES)
+            or Attr.DUPLICATE_OF in attrs
+        ):
+            continue
+        predicted, measured = attrs[Attr.PREDICTED_PEAK_BYTES], trial.values[1]
+        rows.append(
+            [
+                f"#{trial.number}",
+                gib(predicted),
+                gib(measured),
+                f"{(predicted - measured) / measured:+.1%}",
+                str(attrs.get(Attr.CALIBRATION_POINTS, 0)),
+            ]
+        )
+    return headers, rows[:MAX_ROWS]
+
+
+def cost_table(report: ReportData) -> Table:
+    cost = report.cost
+    rows = [
+        ["trials", str(cost["trials"])],
+        ["probes run", str(cost["probes_run"])],
+        ["probes avoided", str(cost["probes_avoided"])],
+    ]
+    rows += [[f"  avoided: {status}", str(count)] for status, count in cost["avoided_by_status"].items()]
+    rows += [
+        ["total probe wall time", seconds(cost["probe_wall_seconds"])],
+        ["study span (first start to last finish)", seconds(cost["study_span_seconds"])],
+    ]
+    if cost["running"]:
+        rows.append(["still running", str(cost["running"])])
+    return ["", ""], rows
+
+
+def model_error_line(report: ReportData) -> str:
+    error, count = report.model_error
+    if error is None:
+        return "No probe was measured after the memory model's calibration yet."
+    return (
+        f"Median relative error of the memory model's predictions made before each probe (once calibrated "
+        f"on this study's measurements): {error:.1%} over {count} probes."
+    )
+
+
+def verl_lines(report: ReportData) -> list[str]:
+    lines = [
+        "Sizes in verl count prompts: data.train_batch_size = T/n, data.gen_batch_size = R/n, "
+        "actor.ppo_mini_batch_size = m·g·W/n (verl multiplies it by rollout.n, splits it over the W GPUs "
+        "and runs (M·n/W)/m = g micro-batches of m per GPU per optimizer step)."
+    ]
+    if report.verl is not None:
+        lines += report.verl.notes
+    return lines
+
+
+def headline(report: ReportData) -> list[str]:
+    ctx = report.plan
+    space = f", space {ctx.space_name}" if ctx.space_name else ""
+    return [
+        f"Study {report.study_name}{space}: model {ctx.model}, reward {ctx.reward_model}, {ctx.gpus} GPU(s).",
+        f"Memory budget per GPU: {describe_budget(report.budget)}.",
+        f"Written {report.created}.",
+    ]

@@ -1,0 +1,93 @@
+"""The study plan: what every `run`, `worker` and `report` of one study shares, stored with the study.
+
+`autotune run` stores it once it has resolved the space (model and GPUs from the command line, lengths fitted
+to `--data`), the memory budget and the probe settings; `autotune worker` probes from it on another machine,
+and `autotune report` reads the model, GPUs and budget from it. Machine-local choices (device, GPU slot, CPU
+threads, remote code) are not part of it: each process decides those for itself.
+
+    plan = StudyPlan.of(space, settings, budget, trials=20)
+    plan.save(study)
+    StudyPlan.load(study).budget         # Budget(bytes, headroom)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from autotune.probe.contract import ProbeSettings
+from autotune.search.study import Budget
+from autotune.status import StudyAttr
+
+__all__ = ["LOCAL_SETTINGS", "StudyPlan"]
+
+LOCAL_SETTINGS = ("device", "visible_devices", "threads_per_rank", "trust_remote_code")
+# What studies made before the plan existed stored instead (read, never written).
+_LEGACY_PROBE_PLAN, _LEGACY_CONTEXT = "probe_plan", "report_context"
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    model: str = "unknown"
+    reward_model: str = "function"
+    gpus: int = 1  # ranks per probe: samples/sec of different world sizes do not compare
+    budget_bytes: int | None = None  # per rank
+    headroom: float = 0.10
+    space_name: str | None = None
+    space: dict[str, Any] = field(default_factory=dict)  # the space's YAML as run resolved it
+    settings: dict[str, Any] = field(default_factory=dict)  # ProbeSettings less LOCAL_SETTINGS
+    trials: int | None = None
+
+    @classmethod
+    def of(cls, space: Any, settings: ProbeSettings, budget: Budget, trials: int) -> StudyPlan:
+        shared = {k: v for k, v in dataclasses.asdict(settings).items() if k not in LOCAL_SETTINGS}
+        return cls(
+            model=space.model,
+            reward_model=space.reward_model,
+            gpus=space.gpus,
+            budget_bytes=int(budget.bytes),
+            headroom=float(budget.headroom),
+            space_name=space.name,
+            space=dict(space.raw),
+            settings=shared,
+            trials=trials,
+        )
+
+    @property
+    def budget(self) -> Budget | None:
+        return None if self.budget_bytes is None else Budget(int(self.budget_bytes), float(self.headroom))
+
+    def probe_settings(self, device: str, trust_remote_code: bool = False) -> ProbeSettings:
+        return ProbeSettings(**self.settings, device=device, trust_remote_code=trust_remote_code)
+
+    def save(self, study: optuna.Study) -> None:
+        study.set_user_attr(StudyAttr.PLAN, dataclasses.asdict(self))
+
+    @classmethod
+    def load(cls, study: optuna.Study) -> StudyPlan | None:
+        """The stored plan; None for a study `autotune run` did not start."""
+        attrs = study.user_attrs
+        if StudyAttr.PLAN in attrs:
+            return cls(**attrs[StudyAttr.PLAN])
+        return _legacy(attrs.get(_LEGACY_PROBE_PLAN) or {}, attrs.get(_LEGACY_CONTEXT) or {})
+
+
+def _legacy(probe_plan: dict[str, Any], context: dict[str, Any]) -> StudyPlan | None:
+    """A study made by an earlier autotune, which kept the same facts in two attributes."""
+    if not probe_plan and not context:
+        return None
+    space = probe_plan.get("space") or {}
+    return StudyPlan(
+        model=context.get("model", space.get("model", "unknown")),
+        reward_model=context.get("reward_model", space.get("reward_model", "function")),
+        gpus=int(context.get("gpus", space.get("gpus", 1))),
+        budget_bytes=context.get("budget_bytes"),
+        headroom=float(context.get("headroom", 0.10)),
+        space_name=probe_plan.get("space_name", context.get("space")),
+        space=space,
+        settings=probe_plan.get("settings") or {},
+        trials=probe_plan.get("trials"),
+    )

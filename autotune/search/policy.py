@@ -1,0 +1,109 @@
+"""What to do with a proposed configuration: a pure function of the trials seen, the memory model, the budget.
+
+    decision = decide(config, trials, memory_model, budget)
+    if isinstance(decision, Outcome): record it (no probe: already measured, or sure to run out of memory)
+    else: probe it, and record the result with `decision.attrs` (the prediction made before the probe)
+
+In order: a configuration measured before is a duplicate of that measurement; one at least as large as a
+measured OOM on every memory knob is an `inferred_oom`; one the memory model (calibrated on this study's own
+ok probes) puts over the budget by more than a margin is a `predicted_oom`. The margin narrows as the model
+sees more of the study's measurements. Everything else is probed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from optuna.trial import FrozenTrial
+
+from autotune.config.knobs import ProbeConfig
+from autotune.memory.model import MemoryModel
+from autotune.search.outcome import Outcome
+from autotune.search.space import at_least_as_large
+from autotune.search.study import Budget, trial_config
+from autotune.status import MEASURED, Attr, Status
+
+__all__ = [
+    "PREDICTION_MARGINS",
+    "ProbeIt",
+    "calibrated",
+    "decide",
+    "prediction_margin",
+    "previous_measurement",
+]
+
+# (calibration points at least, margin): a config is skipped as predicted_oom only when the prediction
+# exceeds the budget by the margin.
+PREDICTION_MARGINS = ((3, 0.10), (1, 0.25), (0, 0.60))
+
+
+@dataclass(frozen=True)
+class ProbeIt:
+    """The configuration needs a probe; `attrs` go with its result."""
+
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+def prediction_margin(calibration_points: int) -> float:
+    return next(margin for points, margin in PREDICTION_MARGINS if calibration_points >= points)
+
+
+def decide(
+    config: ProbeConfig, trials: list[FrozenTrial], prior: MemoryModel, budget: Budget, prune: bool = True
+) -> Outcome | ProbeIt:
+    """Skip what is already known (measured, dominated, predicted); otherwise probe. `trials` are the
+    study's complete trials; `prune=False` probes every new configuration (a baseline without the model)."""
+    previous = previous_measurement(config, trials)
+    if previous is not None:
+        return Outcome(
+            previous.user_attrs[Attr.STATUS],
+            config,
+            previous.values[0],
+            int(previous.values[1]),
+            attrs={Attr.DUPLICATE_OF: previous.number},
+        )
+    if not prune:
+        return ProbeIt()
+    for number, oom_config, oom_peak in _measured_ooms(trials, budget):
+        if at_least_as_large(config, oom_config):
+            peak = max(int(oom_peak), budget.bytes)
+            return Outcome(Status.INFERRED_OOM, config, 0.0, peak, attrs={Attr.DOMINATES_OOM_TRIAL: number})
+    model, points = calibrated(prior, trials)
+    predicted = model.predict(config)
+    attrs = {Attr.PREDICTED_PEAK_BYTES: predicted, Attr.CALIBRATION_POINTS: points}
+    if predicted > budget.bytes * (1 + prediction_margin(points)):
+        return Outcome(Status.PREDICTED_OOM, config, 0.0, predicted, attrs=attrs)
+    return ProbeIt(attrs)
+
+
+def previous_measurement(config: ProbeConfig, trials: list[FrozenTrial]) -> FrozenTrial | None:
+    """The probe that already measured this exact config (compared as the stored config dicts)."""
+    wanted = config.to_dict()
+    for trial in trials:
+        attrs = trial.user_attrs
+        if (
+            attrs.get(Attr.STATUS) in MEASURED
+            and not attrs.get(Attr.DUPLICATE_OF)
+            and attrs.get(Attr.CONFIG) == wanted
+        ):
+            return trial
+    return None
+
+
+def calibrated(prior: MemoryModel, trials: list[FrozenTrial]) -> tuple[MemoryModel, int]:
+    """The memory model refitted from the priors on every ok probe among `trials`, and how many there were."""
+    points = [
+        (trial_config(t), t.user_attrs[Attr.PEAK_BYTES])
+        for t in trials
+        if t.user_attrs.get(Attr.STATUS) == Status.OK and not t.user_attrs.get(Attr.DUPLICATE_OF)
+    ]
+    return MemoryModel(prior.arch, prior.world_size, prior.device).calibrate(points), len(points)
+
+
+def _measured_ooms(trials: list[FrozenTrial], budget: Budget) -> list[tuple[int, ProbeConfig, int]]:
+    return [
+        (t.number, trial_config(t), t.user_attrs.get(Attr.PEAK_BYTES, budget.bytes))
+        for t in trials
+        if t.user_attrs.get(Attr.STATUS) == Status.OOM
+    ]

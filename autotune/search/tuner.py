@@ -1,0 +1,100 @@
+"""The tuner: one trial at a time per probe slot — propose and claim, decide, probe, record.
+
+It composes the parts that each own one concern: `coordination` (claims, quota, twins, dead workers),
+`policy` (what to do with a config: pure), the probe launcher, `outcome` (how it is told to Optuna) and
+`outage` (retries, pending measurements). Several threads may call `step` at once (one per probe slot).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autotune.config.knobs import ProbeConfig
+from autotune.memory.model import MemoryModel
+from autotune.probe.contract import ProbeResult, ProbeSettings
+from autotune.probe.launcher import run_probe
+from autotune.search import outage, policy
+from autotune.search.coordination import Claims, heartbeat, wait_for_twin
+from autotune.search.outcome import Outcome, outcome_from_dict, outcome_from_result, record_outcome
+from autotune.search.space import SearchSpace, sample_config
+from autotune.search.storage import PATIENCE_SECONDS, retrying
+from autotune.search.study import Budget, finished_trials
+from autotune.status import Attr, Status
+
+__all__ = ["Tuner"]
+
+
+@dataclass
+class Tuner:
+    """Proposes, decides and records trials of one study."""
+
+    study: optuna.Study
+    space: SearchSpace
+    settings: ProbeSettings
+    budget: Budget
+    memory_model: MemoryModel  # the priors; each decision calibrates a copy on the study's ok probes
+    probe: Callable[..., ProbeResult] = run_probe  # (config, settings, cancel=Event) -> ProbeResult
+    prune: bool = True  # False: probe every new proposal (a baseline without the memory model and dominance)
+    storage_url: str = ""  # for messages and retries
+    patience: float = PATIENCE_SECONDS  # how long a storage outage is ridden out before giving up
+    pending_path: Path | None = None  # where a measurement goes when the storage cannot take it
+    cancel: threading.Event | None = None  # set by a second Ctrl-C: stop waiting for the storage too
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _claims: Claims = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._claims = Claims(self.study, lambda trial: sample_config(self.space, trial))
+
+    def step(
+        self, cancel=None, settings: ProbeSettings | None = None, quota: int | None = None
+    ) -> FrozenTrial | None:
+        """Propose, decide and record one trial. None: `quota` trials are already complete or running."""
+        proposal = self.propose(quota)
+        if proposal is None:
+            return None
+        trial, config = proposal
+        with heartbeat(self.study, trial._trial_id):
+            saved = trial.user_attrs.get(
+                Attr.SAVED_OUTCOME
+            )  # a measurement the storage could not take before
+            if saved is not None:
+                outcome = outcome_from_dict(saved)
+            else:
+                wait_for_twin(self.study, trial.number, config, self.retry, cancel)
+                outcome = self.decide(config, cancel, settings)
+            return self.record_or_keep(trial, outcome)
+
+    def propose(self, quota: int | None) -> tuple[optuna.Trial, ProbeConfig] | None:
+        """Ask for a trial and claim its config, unless `quota` is reached; one thread at a time."""
+        with self._lock:
+            return self.retry(lambda: self._claims.ask_and_claim(quota), "asking for a trial")
+
+    def decide(self, config: ProbeConfig, cancel=None, settings: ProbeSettings | None = None) -> Outcome:
+        """The policy's decision on the study's trials so far, with a probe when it asks for one."""
+        trials = self.retry(lambda: finished_trials(self.study), "reading the trials")
+        decision = policy.decide(config, trials, self.memory_model, self.budget, self.prune)
+        if isinstance(decision, Outcome):
+            return decision
+        result = self.probe(config, settings or self.settings, cancel=cancel)
+        if cancel is not None and cancel.is_set() and result.status != Status.OK:  # killed by a second Ctrl-C
+            return Outcome(Status.INTERRUPTED, config, 0.0, result.peak_memory_bytes, result, decision.attrs)
+        return outcome_from_result(config, result, self.budget, decision.attrs)
+
+    def record(self, trial: optuna.Trial, outcome: Outcome) -> FrozenTrial:
+        return record_outcome(self.study, trial, outcome, self.budget)
+
+    def record_or_keep(self, trial: optuna.Trial, outcome: Outcome) -> FrozenTrial:
+        return outage.record_or_keep(self.study, trial, outcome, self.record, self.retry, self.pending_path)
+
+    def replay_pending(self, path: Path) -> list[int]:
+        return outage.replay_pending(self.study, path, self.record)
+
+    def retry(self, operation, what: str):
+        url = self.storage_url or "the study's storage"
+        return retrying(operation, what, url, self.patience, cancel=self.cancel)
