@@ -14,6 +14,17 @@ from pathlib import Path
 
 from autotune.errors import UserError
 
+__all__ = [
+    "add_check_parser",
+    "add_device_arguments",
+    "add_lengths_parser",
+    "add_model_arguments",
+    "add_parallel_argument",
+    "add_worker_parser",
+    "build_parser",
+    "main",
+]
+
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
 
@@ -338,6 +349,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     from autotune.probe.devices import resolve_device
     from autotune.probe.launcher import run_probe
     from autotune.report.console import print_probe_result
+    from autotune.status import Status
 
     config = ProbeConfig(**parse_sets(args.sets))
     raise_for(config_findings(config, args.gpus))  # before the slow model lookup
@@ -364,7 +376,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         print_probe_result(result)
-    return EXIT_OK if result.status == "ok" else EXIT_PROBLEM
+    return EXIT_OK if result.status == Status.OK else EXIT_PROBLEM
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -10,7 +10,6 @@ __all__ = [
     "FAILED",
     "LAUNCHED",
     "MEASURED",
-    "NOT_LAUNCHED",
     "PROBE_STATUSES",
     "Attr",
     "Status",
@@ -35,7 +34,6 @@ class Status:
 PROBE_STATUSES = (Status.OK, Status.OOM, Status.TIMEOUT, Status.CRASHED)
 MEASURED = (Status.OK, Status.OOM, Status.TIMEOUT)  # a probe ran and its figures are properties of the config
 LAUNCHED = (*PROBE_STATUSES, Status.INTERRUPTED)  # a probe process really ran
-NOT_LAUNCHED = (Status.PREDICTED_OOM, Status.INFERRED_OOM)
 FAILED = (Status.CRASHED, Status.INTERRUPTED, Status.SURPLUS, Status.ABANDONED)  # recorded as Optuna FAIL
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.probe.contract import OOM_EXIT_CODE
+from autotune.status import Status
 
 
 def parse_args() -> argparse.Namespace:
@@ -133,7 +134,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     if world_size > 1:
         torch.distributed.destroy_process_group()
     return {
-        "status": "ok",
+        "status": Status.OK,
         "timing": {
             "warmup": warmup,
             "iterations": [m["seconds"] for m in measured],
@@ -183,7 +184,7 @@ def main() -> int:
             args.out,
             rank,
             {
-                "status": "oom",
+                "status": Status.OOM,
                 "oom_kind": kind,
                 "message": f"{type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else 'out of memory'}",

@@ -1,8 +1,10 @@
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,55 @@ ISSUE_EXAMPLE = [
     "--set",
     "max_response_length=16",
 ]
+
+
+# --- the fast tier ---------------------------------------------------------------------------------------
+# `pytest -m "not e2e"` is the logic tier: it starts no process. A test that starts one (the CLI, a probe, the
+# fork server, a database, a browser, a tokenizer training, DataLoader workers) must be marked e2e; this rule
+# makes an unmarked one fail instead of relying on memory. Fixtures are covered too: they are set up inside
+# the phases watched here.
+
+
+def _refuse_processes(nodeid: str):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{nodeid} starts a process: mark it @pytest.mark.e2e (see tests/conftest.py)")
+
+    return refuse
+
+
+@contextlib.contextmanager
+def _no_processes(item: pytest.Item) -> Iterator[None]:
+    if item.get_closest_marker("e2e"):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        refuse = _refuse_processes(item.nodeid)
+        patch.setattr(subprocess.Popen, "_execute_child", refuse)
+        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp"):
+            if hasattr(os, name):
+                patch.setattr(os, name, refuse)
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with _no_processes(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with _no_processes(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    with _no_processes(item):
+        yield
+
+
+# --- helpers ---------------------------------------------------------------------------------------------
 
 
 def run_cli(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -63,6 +63,7 @@ def test_the_articles_configs_parse_as_written():
     )
 
 
+@pytest.mark.e2e
 def test_scenario_1_through_the_real_cli(cli):
     """2× A100 80G, 7B LoRA at micro 32 × (200+256) tokens: the batch rules hold, memory does not."""
     proc = cli(

@@ -135,6 +135,7 @@ def test_a_kept_measurement_whose_trial_was_failed_meanwhile_comes_back_as_a_new
 # --- probes that die or hang ------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_hung_probe_is_recorded_as_timeout_and_the_study_reports(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_PIDS_FILE", str(tmp_path / "pids.txt"))
     hang = functools.partial(run_probe, program=FAKES / "hang.py")
@@ -248,6 +249,7 @@ SECRET_URL = "postgresql+psycopg2://tuner:s3cret-pw@127.0.0.1:1/nowhere"  # noth
         ),
     ],
 )
+@pytest.mark.e2e
 def test_bad_storage_is_one_line_exit_2_and_never_shows_the_password(args, fragment, tmp_path):
     proc = run_cli(*args, "--out", str(tmp_path), timeout=120)
     assert proc.returncode == 2, proc.stderr
@@ -255,6 +257,7 @@ def test_bad_storage_is_one_line_exit_2_and_never_shows_the_password(args, fragm
     assert "s3cret-pw" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.e2e
 def test_worker_needs_a_study_started_by_run(tmp_path):
     journal = f"journal:{tmp_path / 'study.journal'}"
     open_study(journal, "bare", None)  # a study, but no probe plan

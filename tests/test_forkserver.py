@@ -14,6 +14,8 @@ from autotune.probe import forkserver
 from autotune.probe.contract import ProbeSettings
 from autotune.probe.launcher import run_probe
 
+pytestmark = pytest.mark.e2e  # starts processes
+
 FAKES = Path(__file__).parent / "fake_runners"
 ISSUE_EXAMPLE = ProbeConfig(
     train_batch_size=16,

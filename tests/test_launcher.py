@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from autotune.config.knobs import ProbeConfig
 from autotune.probe.contract import ProbeSettings
@@ -20,6 +21,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.e2e
 def test_hang_ends_as_timeout_and_leaves_no_process(tmp_path, monkeypatch):
     pids_file = tmp_path / "pids.txt"
     monkeypatch.setenv("FAKE_PIDS_FILE", str(pids_file))
@@ -36,6 +38,7 @@ def test_hang_ends_as_timeout_and_leaves_no_process(tmp_path, monkeypatch):
     assert not [pid for pid in pids if _alive(pid)]
 
 
+@pytest.mark.e2e
 def test_crash_ends_as_crashed_with_stderr_tail():
     result = run_probe(ProbeConfig(), ProbeSettings(timeout_seconds=30), program=FAKES / "crash.py")
     assert result.status == "crashed"

@@ -14,7 +14,7 @@ from autotune.data.lengths import (
     length_stats,
     parse_percentiles,
     pick_keys,
-    round_up,
+    round_up_limit,
     split_chat,
     suggest_limit,
     truncated_share,
@@ -67,7 +67,7 @@ def _error_line(capsys, *args: str) -> str:
 
 
 def test_round_up_to_a_multiple_of_8():
-    assert [round_up(v) for v in (0, 1, 8, 8.01, 187, 192, 193)] == [8, 8, 8, 16, 192, 192, 200]
+    assert [round_up_limit(v) for v in (0, 1, 8, 8.01, 187, 192, 193)] == [8, 8, 8, 16, 192, 192, 200]
 
 
 def test_suggestion_is_the_percentile_rounded_up_and_truncation_is_the_share_above():
@@ -237,6 +237,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     )
 
 
+@pytest.mark.e2e
 def test_missing_key_through_the_real_cli(tmp_path, cli):
     _write_jsonl(tmp_path / "d.jsonl", [{"text": "a", "label": 1}])
     proc = cli("lengths", str(tmp_path / "d.jsonl"), "--model", MODEL, timeout=120)

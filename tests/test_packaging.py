@@ -8,6 +8,8 @@ import pytest
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.e2e  # starts processes
+
 
 @pytest.fixture(scope="module")
 def wheel_names(tmp_path_factory) -> list[str]:

@@ -15,6 +15,8 @@ import sqlalchemy
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.e2e  # starts processes
+
 # One worker process: load the shared study and run its trials; each trial records the process that ran it.
 WORKER = """
 import os, sys, time

@@ -76,7 +76,7 @@ def test_grpo_with_lora_and_a_reward_model():
         (["--set", "micro_batch_size"], "expected KNOB=VALUE"),
         (
             ["--set", "train_batch_size=300", "--set", "rollout_batch_size=128"],
-            "rollout samples would be dropped",
+            "samples and trains on 300",
         ),
         (["--model", "llama-3-70b"], "unknown model"),
         (["--model", "/nonexistent/model/dir"], "/nonexistent/model/dir"),

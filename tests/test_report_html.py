@@ -81,6 +81,7 @@ def test_the_page_references_nothing_outside_itself(reports):
         assert external == [], external
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["standard", "none"])
 def test_renders_with_its_plots_and_no_console_errors(reports, tmp_path, name):
     page = reports[name]
@@ -105,6 +106,7 @@ def test_renders_with_its_plots_and_no_console_errors(reports, tmp_path, name):
     assert page_requests == set()
 
 
+@pytest.mark.e2e
 def test_screenshot_shows_a_drawn_page(reports, tmp_path):
     from PIL import Image  # matplotlib's own dependency
 

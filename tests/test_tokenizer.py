@@ -125,6 +125,7 @@ def test_broken_local_tokenizer(tmp_path: Path) -> None:
     assert "\n" not in str(exc.value) and str(tmp_path) in str(exc.value)
 
 
+@pytest.mark.e2e
 def test_generator_reproduces_the_shipped_file() -> None:
     info = json.loads(tokenizer.PROJECT_TOKENIZER_META.read_text())
     if info["python"] != sys.version.split()[0]:

@@ -14,6 +14,8 @@ from typing import Any
 
 from autotune.errors import UserError
 
+__all__ = ["ALGORITHMS", "ProbeConfig", "parse_sets", "physical_cores"]
+
 ALGORITHMS = ("ppo", "grpo")
 
 

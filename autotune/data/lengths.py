@@ -27,17 +27,38 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autotune.errors import UserError
+from autotune.units import round_up
 
 if TYPE_CHECKING:
     import pandas as pd
     from transformers import PreTrainedTokenizerBase
+
+__all__ = [
+    "LengthReport",
+    "Texts",
+    "collect_texts",
+    "count_tokens",
+    "data_format",
+    "length_stats",
+    "measure_lengths",
+    "parse_percentiles",
+    "pick_keys",
+    "print_report",
+    "prompt_counts",
+    "read_records",
+    "response_counts",
+    "round_up_limit",
+    "split_chat",
+    "suggest_limit",
+    "truncated_share",
+]
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst", ".zip")  # pandas decompresses these by extension
 PROMPT_KEYS = ("prompt", "question", "instruction", "query", "messages", "conversations")
 RESPONSE_KEYS = ("response", "answer", "output", "completion", "chosen")
 DEFAULT_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
-PROMPT_PERCENTILE, RESPONSE_PERCENTILE = 95.0, 90.0  # the article's rule (§4.5)
+PROMPT_PERCENTILE, RESPONSE_PERCENTILE = 95.0, 90.0  # the article's rule: prompts at p95, responses at p90
 MULTIPLE = 8  # limits rounded up to a multiple of 8: tensor-core friendly shapes
 BATCH = 4096  # texts per tokenizer call: the fast tokenizer parallelises within a call
 
@@ -45,14 +66,14 @@ BATCH = 4096  # texts per tokenizer call: the fast tokenizer parallelises within
 # --- pure parts: statistics and suggestions -----------------------------------------------------------
 
 
-def round_up(value: float, multiple: int = MULTIPLE) -> int:
-    """The smallest multiple of `multiple` that is >= value (and >= multiple)."""
-    return max(multiple, math.ceil(value / multiple) * multiple)
+def round_up_limit(value: float) -> int:
+    """A length limit: `value` rounded up to a multiple of 8 (and at least 8)."""
+    return max(MULTIPLE, round_up(math.ceil(value), MULTIPLE))
 
 
 def suggest_limit(counts: Sequence[int] | np.ndarray, percentile: float) -> int:
     """The percentile of the counts (numpy's linear interpolation), rounded up to a multiple of 8."""
-    return round_up(float(np.percentile(np.asarray(counts), percentile)))
+    return round_up_limit(float(np.percentile(np.asarray(counts), percentile)))
 
 
 def truncated_share(counts: Sequence[int] | np.ndarray, limit: int) -> float:

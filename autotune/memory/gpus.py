@@ -13,6 +13,8 @@ import re
 
 from autotune.errors import UserError
 
+__all__ = ["gpu_memory_gib", "normalise"]
+
 # name -> (GiB as nvidia-smi reports the total, what it is)
 GPUS: dict[str, tuple[float, str]] = {
     "a100-40g": (40.0, "NVIDIA A100 40GB (SXM4/PCIe), 40,960 MiB"),

@@ -31,6 +31,16 @@ from typing import Any
 
 from autotune.config.knobs import ProbeConfig
 
+__all__ = [
+    "PRIORS",
+    "Architecture",
+    "MemoryBreakdown",
+    "MemoryModel",
+    "fit_constant_and_factor",
+    "minimum_bytes",
+    "predict_components",
+]
+
 DEVICES = ("cpu", "cuda")
 GIB = 1024**3
 # Priors, before any measurement. CPU: the peak RSS of the smallest tiny-llama probe is 0.54 GiB, of which

@@ -38,6 +38,25 @@ from transformers import (
 from autotune.errors import UserError
 from autotune.models.names import MODELS
 
+__all__ = [
+    "REWARD_FUNCTION",
+    "ModelSpec",
+    "build_causal_lm",
+    "build_critic",
+    "build_reward_model",
+    "causal_lm_config",
+    "count_parameters",
+    "critic_config",
+    "init_random_",
+    "list_models",
+    "registry_config",
+    "resolve_model",
+    "resolve_reward_model",
+    "reward_config",
+    "to_dtype",
+    "weight_files",
+]
+
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 REWARD_FUNCTION = "function"  # rule-based reward: no reward model

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
     from autotune.models.registry import ModelSpec
 
+__all__ = ["load_local_tokenizer", "load_project_tokenizer", "load_tokenizer", "project_tokenizer_info"]
+
 TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer_files"
 PROJECT_TOKENIZER_FILE = TOKENIZER_DIR / "autotune-bpe.json"
 PROJECT_TOKENIZER_META = TOKENIZER_DIR / "autotune-bpe.meta.json"

@@ -51,6 +51,18 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
 
+__all__ = [
+    "ForkServer",
+    "ForkServerError",
+    "ForkedRank",
+    "enabled",
+    "forked_ranks",
+    "get",
+    "serve",
+    "server_program",
+    "shutdown",
+]
+
 log = logging.getLogger(__name__)
 
 SWITCH = "AUTOTUNE_FORKSERVER"

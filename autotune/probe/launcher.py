@@ -32,6 +32,7 @@ from autotune.probe import forkserver
 from autotune.probe.classify import classify
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.probe.forkserver import ForkedRank, ForkServerError
+from autotune.status import Status
 from autotune.units import GIB
 
 # After one rank fails, the others usually hang in a collective: give them this long to exit on their own.
@@ -228,7 +229,7 @@ def summarize(
         peak_memory_bytes=peak_bytes,
         peak_memory_source=peaks[0]["source"] if peaks else "",
     )
-    if status != "ok":
+    if status != Status.OK:
         result.stderr_tail = stderr_tail
     lead = rank_results[0] if rank_results and rank_results[0] else None
     if lead and lead.get("timing"):

@@ -19,6 +19,8 @@ from autotune.search.study import Budget, open_study, trial_config
 from autotune.status import Status, StudyAttr
 from autotune.units import GIB
 
+__all__ = ["ReportOptions", "confirm_winner", "default_storage", "load_existing_study", "report_study"]
+
 
 @dataclass
 class ReportOptions:

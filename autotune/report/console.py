@@ -11,6 +11,8 @@ from autotune.probe.contract import ProbeResult
 from autotune.status import Attr
 from autotune.units import GIB
 
+__all__ = ["print_best", "print_models", "print_probe_result"]
+
 
 def _gib(value: int | None) -> str:
     return f"{value / GIB:.3f} GiB" if value else "-"

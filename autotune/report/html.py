@@ -38,14 +38,23 @@ if TYPE_CHECKING:
 
     from autotune.report.data import ReportData
 
+__all__ = [
+    "html_table",
+    "memory_micro_figure",
+    "memory_model_figure",
+    "pareto_figure",
+    "phases_figure",
+    "render_html",
+]
+
 # status -> (label, colour, marker, filled)
 STYLES = {
-    "ok": ("ok", "#1f77b4", "o", True),
+    Status.OK: ("ok", "#1f77b4", "o", True),
     "over_limit": ("ok, above budget − headroom", "#bcbd22", "o", True),
-    "oom": ("measured OOM", "#d62728", "X", True),
-    "predicted_oom": ("predicted OOM (not launched)", "#ff7f0e", "v", False),
-    "inferred_oom": ("dominates an OOM (not launched)", "#8c564b", "^", False),
-    "timeout": ("timeout", "#9467bd", "s", True),
+    Status.OOM: ("measured OOM", "#d62728", "X", True),
+    Status.PREDICTED_OOM: ("predicted OOM (not launched)", "#ff7f0e", "v", False),
+    Status.INFERRED_OOM: ("dominates an OOM (not launched)", "#8c564b", "^", False),
+    Status.TIMEOUT: ("timeout", "#9467bd", "s", True),
 }
 PHASE_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
 FIGSIZE = (7.5, 4.2)
@@ -246,7 +255,7 @@ def phases_figure(report: ReportData) -> Figure:
 
 def _bar_label(trial: FrozenTrial) -> str:
     c = trial_config(trial)
-    mark = "*" if trial.user_attrs.get("seed_config") else ""
+    mark = "*" if trial.user_attrs.get(Attr.SEED_CONFIG) else ""
     if c is None:
         return f"#{trial.number}{mark}"
     return f"#{trial.number}{mark} T={c.train_batch_size} m={c.micro_batch_size} Lr={c.max_response_length}"

@@ -16,6 +16,23 @@ from autotune.units import GIB
 if TYPE_CHECKING:
     from autotune.report.data import ReportData
 
+__all__ = [
+    "Table",
+    "closest_table",
+    "cost_table",
+    "front_table",
+    "gains_table",
+    "gib",
+    "headline",
+    "knob_cells",
+    "memory_model_table",
+    "model_error_line",
+    "recommendation_table",
+    "seconds",
+    "show",
+    "verl_lines",
+]
+
 Table = tuple[list[str], list[list[str]]]
 KNOB_COLUMNS = (
     ("T", "train_batch_size"),

@@ -40,6 +40,28 @@ from autotune.search.tuner import Tuner
 from autotune.status import Attr, Status
 from autotune.units import GIB
 
+__all__ = [
+    "RunOptions",
+    "SlotLoop",
+    "StopControl",
+    "data_prompts_file",
+    "default_study_name",
+    "finish",
+    "fit_space_to_data",
+    "length_knob_at_least",
+    "make_out_dir",
+    "parse_duration",
+    "prepare",
+    "print_summary",
+    "probe_settings",
+    "probe_study",
+    "progress_line",
+    "resolve_budget_gib",
+    "run_study",
+    "start_message",
+    "tune",
+]
+
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from autotune.errors import UserError
 from autotune.probe.contract import ProbeSettings
 
+__all__ = ["Slot", "oversubscribed", "plan_slots", "visible_gpus"]
+
 
 @dataclass(frozen=True)
 class Slot:

@@ -24,6 +24,22 @@ import optuna
 
 from autotune.errors import Unavailable, UserError
 
+__all__ = [
+    "GRACE_SECONDS",
+    "PATIENCE_SECONDS",
+    "check_parallel_safe",
+    "default_storage_url",
+    "first_line",
+    "is_sqlite",
+    "journal_path",
+    "make_storage",
+    "redact",
+    "remember_password",
+    "retrying",
+    "scrub",
+    "transient",
+]
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 

@@ -17,6 +17,8 @@ from autotune.probe.contract import ProbeSettings
 from autotune.search.plan import StudyPlan
 from autotune.search.storage import check_parallel_safe, redact
 
+__all__ = ["WorkerOptions", "run_worker", "stored_plan", "worker_settings"]
+
 
 @dataclass
 class WorkerOptions:

@@ -11,6 +11,8 @@ import threading
 from contextlib import suppress
 from typing import Any
 
+__all__ = ["NvmlSampler", "peak_memory", "peak_rss_bytes"]
+
 
 def peak_rss_bytes() -> int:
     """High-water mark of this process's resident set (Linux reports KiB, macOS bytes)."""

@@ -18,6 +18,8 @@ from autotune.models.registry import (
 )
 from autotune.probe.rank.ppo import Models
 
+__all__ = ["build_actor_and_ref", "build_models", "build_value_model", "dtypes"]
+
 # Projections LoRA adapts in llama/qwen-style blocks; other architectures fall back to every linear layer.
 _LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LEARNING_RATE = 1e-6

@@ -22,6 +22,24 @@ import torch.distributed as dist
 from autotune.config.knobs import ProbeConfig
 from autotune.probe.rank import rl_math
 
+__all__ = [
+    "Models",
+    "StepContext",
+    "advantages",
+    "barrier",
+    "iteration",
+    "response_log_probs",
+    "response_values",
+    "reward_scores",
+    "rollout",
+    "score",
+    "synchronize",
+    "timed",
+    "unwrap",
+    "update",
+    "warmup_config",
+]
+
 GAMMA, LAM, CLIP_RATIO, VALUE_CLIP = 1.0, 1.0, 0.2, 0.5  # verl's defaults
 
 

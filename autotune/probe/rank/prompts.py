@@ -13,6 +13,8 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+__all__ = ["SyntheticPrompts", "left_pad_collate", "prompt_batches"]
+
 _WORDS = (
     "the model answers a question about numbers and code when reward scores each response token by token "
     "policy value advantage batch memory gradient rollout prompt length sample train update step clip "

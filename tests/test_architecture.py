@@ -1,0 +1,83 @@
+"""The package's import graph, read from the source (ast): no cycles, nothing imports the command line, and
+the tuner side never imports what runs inside a probe rank (docs/design.md, "The process boundary")."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+
+PACKAGE = Path(__file__).resolve().parent.parent / "autotune"
+RANK = "autotune.probe.rank"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(tree: ast.AST, modules: set[str]) -> set[str]:
+    """The package's modules a file imports, anywhere in it (functions included): `from a.b import c`
+    names a.b.c when that is a module, else a.b."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+    return found
+
+
+def import_graph() -> nx.DiGraph:
+    files = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(files)
+    for name, path in files.items():
+        for target in imported(ast.parse(path.read_text(), str(path)), set(files)):
+            if target != name and not name.startswith(f"{target}."):  # a package's own __init__ is no edge
+                graph.add_edge(name, target)
+    return graph
+
+
+GRAPH = import_graph()
+
+
+def test_the_graph_sees_the_package():
+    assert {"autotune.cli", "autotune.search.tuner", f"{RANK}.ppo"} <= set(GRAPH)
+    assert GRAPH.has_edge("autotune.search.tuner", "autotune.search.policy")
+
+
+def test_no_import_cycles():
+    cycles = list(nx.simple_cycles(GRAPH))
+    assert cycles == [], "import cycles: " + "; ".join(" -> ".join([*c, c[0]]) for c in cycles)
+
+
+def test_nothing_imports_the_command_line():
+    importers = sorted(GRAPH.predecessors("autotune.cli"))
+    assert importers == ["autotune.__main__"], f"only the entry point may import autotune.cli: {importers}"
+
+
+def test_the_tuner_side_never_imports_a_rank_side_module():
+    crossing = sorted(
+        (source, target)
+        for source, target in GRAPH.edges
+        if target.startswith(RANK) and not source.startswith(RANK)
+    )
+    assert crossing == [], f"tuner-side modules importing probe-rank modules: {crossing}"
+
+
+def test_every_module_says_what_it_offers():
+    missing = sorted(
+        name
+        for name, path in ((module_name(p), p) for p in PACKAGE.rglob("*.py"))
+        if name not in ("autotune.__main__",) and "__all__" not in path.read_text()
+    )
+    assert missing == [], f"modules without __all__: {missing}"
