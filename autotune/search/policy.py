@@ -84,7 +84,7 @@ def previous_measurement(config: ProbeConfig, trials: list[FrozenTrial]) -> Froz
         attrs = trial.user_attrs
         if (
             attrs.get(Attr.STATUS) in MEASURED
-            and not attrs.get(Attr.DUPLICATE_OF)
+            and Attr.DUPLICATE_OF not in attrs
             and attrs.get(Attr.CONFIG) == wanted
         ):
             return trial
@@ -96,7 +96,7 @@ def calibrated(prior: MemoryModel, trials: list[FrozenTrial]) -> tuple[MemoryMod
     points = [
         (trial_config(t), t.user_attrs[Attr.PEAK_BYTES])
         for t in trials
-        if t.user_attrs.get(Attr.STATUS) == Status.OK and not t.user_attrs.get(Attr.DUPLICATE_OF)
+        if t.user_attrs.get(Attr.STATUS) == Status.OK and Attr.DUPLICATE_OF not in t.user_attrs
     ]
     return MemoryModel(prior.arch, prior.world_size, prior.device).calibrate(points), len(points)
 

@@ -156,7 +156,7 @@ def memory_model_error(study: optuna.Study, min_points: int = 1) -> tuple[float 
             attrs.get(Attr.STATUS) == Status.OK
             and attrs.get(Attr.CALIBRATION_POINTS, 0) >= min_points
             and attrs.get(Attr.PREDICTED_PEAK_BYTES)
-            and not attrs.get(Attr.DUPLICATE_OF)
+            and Attr.DUPLICATE_OF not in attrs
         ):
             predicted, measured = attrs[Attr.PREDICTED_PEAK_BYTES], attrs[Attr.PEAK_BYTES]
             errors.append(abs(predicted - measured) / measured)
