@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KNOB=VALUE",
-        help="set a knob, e.g. --set micro_batch_size=4 (repeatable); see DESIGN §3",
+        help="set a knob, e.g. --set micro_batch_size=4 (repeatable); every rule a config must keep is "
+        "listed by `autotune check` and in docs/design.md",
     )
     probe.add_argument("--iterations", type=_positive_int, default=2, help="measured iterations (default 2)")
     probe.add_argument("--warmup", type=int, default=1, help="warm-up iterations, not measured (default 1)")
@@ -293,9 +294,9 @@ def add_lengths_parser(sub: argparse._SubParsersAction) -> None:
 def add_check_parser(sub: argparse._SubParsersAction) -> None:
     check = sub.add_parser(
         "check",
-        help="report every problem of a config (seed schema or verl overrides) with its fix",
-        description="Check a config in the seed's schema (or best_config.yaml) or a verl override file: "
-        "divisibility, rollout workers vs cores, lengths vs data, predicted memory vs the card, reward "
+        help="report every problem of a config (best_config.yaml or verl overrides) with its fix",
+        description="Check a config in best_config.yaml's schema (the seed article's) or a verl override "
+        "file: divisibility, rollout workers vs cores, lengths vs data, predicted memory vs the card, reward "
         "model frozen, rollout batch size. Exit 0 clean, 1 problems found, 2 unreadable input.",
     )
     check.add_argument("config", type=Path, help="a YAML config or a verl override file (key=value lines)")

@@ -1,4 +1,4 @@
-"""Measured peak memory grows with the memory-monotone knobs (DESIGN §3): what dominance pruning relies on."""
+"""Measured peak memory grows with the memory-monotone knobs: what dominance pruning relies on."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The memory model (DESIGN §9): hand-computed terms, monotonicity, calibration, serialisation. No probes."""
+"""The memory model: hand-computed terms, monotonicity, calibration, serialisation. No probes."""
 
 import dataclasses
 import itertools

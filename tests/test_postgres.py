@@ -1,4 +1,4 @@
-"""One study in a real PostgreSQL, shared by several processes (DESIGN §5: Optuna is the distributed engine).
+"""One study in a real PostgreSQL, shared by several processes (Optuna is the distributed engine).
 
 The server comes from `./setup.sh test` (run as root: Debian's postgresql on 127.0.0.1) or from
 $AUTOTUNE_TEST_POSTGRES; without either these tests skip and say so (see the `postgres_url` fixture).

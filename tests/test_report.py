@@ -1,4 +1,4 @@
-"""The reporter: selection on Optuna's feasible front, best_config.yaml, trials.csv, report.md (DESIGN §6)."""
+"""The reporter: selection on Optuna's feasible front, best_config.yaml, trials.csv, report.md."""
 
 from __future__ import annotations
 

@@ -41,8 +41,8 @@ SEED_51 = ProbeConfig(
     lora_r=64,
     lora_alpha=128,
 )
-# Every key of DESIGN §7, as verl 0.9.1 spells it.
-DESIGN_KEYS = (
+# Every key the export writes, as verl 0.9.1 spells it.
+EXPORTED_KEYS = (
     "data.train_batch_size",
     "data.gen_batch_size",
     "data.max_prompt_length",
@@ -308,7 +308,7 @@ def test_every_design_key_exists_in_verls_config(compose):
     from omegaconf import OmegaConf
 
     config = compose([])
-    for key in DESIGN_KEYS:
+    for key in EXPORTED_KEYS:
         parent, leaf = key.rsplit(".", 1)
         assert leaf in OmegaConf.select(config, parent), key
 

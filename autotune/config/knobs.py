@@ -1,4 +1,4 @@
-"""The seed's batch knobs, their invariants, and `--set KEY=VALUE` parsing.
+"""The batch knobs of a PPO/GRPO job (the seed article's), and `--set KEY=VALUE` parsing.
 
 Global sizes count *samples* (responses) across all ranks, as the seed article does; micro sizes are per
 rank. With `rollout_n` > 1 each prompt is answered `rollout_n` times, so a rollout of R samples holds

@@ -1,4 +1,4 @@
-"""Token lengths of a dataset, and the length limits they suggest (the article's §4.5).
+"""Token lengths of a dataset, and the length limits they suggest (the seed article: measure the data first).
 
     report = measure_lengths(Path("train.jsonl"), "llama-2-7b")
     report.suggested_prompt_length, report.suggested_response_length     # p95 and p90, multiples of 8

@@ -38,7 +38,7 @@ def read_target(path: Path) -> Target:
         raise UserError(f"config '{path}' is not valid YAML: {reason}") from None
     if not isinstance(data, dict):
         raise UserError(
-            f"config '{path}' is neither the seed's YAML schema (a mapping of knobs) nor verl "
+            f"config '{path}' is neither best_config.yaml's schema (a mapping of knobs) nor verl "
             f"overrides (key=value lines)"
         )
     return read_seed(data, path)

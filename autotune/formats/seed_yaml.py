@@ -125,7 +125,9 @@ def read_seed(data: dict[str, Any], path: Path) -> Target:
     sections = {name: _section(check, name, data.get(name) or {}, findings) for name in SECTIONS}
     missing = [k for k in REQUIRED if k not in data]
     if missing:
-        check.error(", ".join(missing), MISSING, f"missing: the seed's batch knobs are {', '.join(REQUIRED)}")
+        check.error(
+            ", ".join(missing), MISSING, f"missing: best_config.yaml's batch knobs are {', '.join(REQUIRED)}"
+        )
     if check.errors:
         raise UserError(f"config '{path}': " + "; ".join(check.errors))
     actor, reward = sections["actor_model_config"], sections["reward_model_config"]
@@ -165,7 +167,7 @@ def _typed(check: Checker, path: str, value: Any, kind: str) -> Any:
 def _unknown(key: str, guess: str | None, known: list[str]) -> Finding:
     return Finding(
         "schema",
-        f"unknown key {key}: not in the seed's schema, so nothing reads it"
+        f"unknown key {key}: not in best_config.yaml's schema, so nothing reads it"
         + (f" (did you mean {guess!r}?)" if guess else ""),
         f"rename it to {guess}" if guess else f"remove it; known keys: {', '.join(known)}",
         key=key,

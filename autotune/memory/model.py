@@ -1,4 +1,4 @@
-"""Predict a probe rank's peak memory from the architecture and the batch knobs (DESIGN §9), then calibrate.
+"""Predict a probe rank's peak memory from the architecture and the batch knobs, then calibrate.
 
 The model follows what `autotune.probe.rank.ppo` and `autotune.probe.rank.models` actually allocate, per rank:
 

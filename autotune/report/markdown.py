@@ -56,7 +56,7 @@ def render_markdown(report: ReportData) -> str:
     parts += ["\n## Files\n\n", "- `trials.csv`: every trial\n- `report.html`: this report with plots\n"]
     if report.best_config is not None:
         parts += [
-            "- `best_config.yaml`: the recommendation in the seed's schema\n",
+            "- `best_config.yaml`: the recommendation in the seed article's config schema\n",
             "- `verl_overrides.txt`: `python -m verl.trainer.main_ppo $(cat verl_overrides.txt) "
             "data.train_files=... actor_rollout_ref.model.path=...`\n",
         ]

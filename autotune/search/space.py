@@ -1,7 +1,8 @@
-"""Search spaces (DESIGN §5): a YAML file becomes a validated `SearchSpace` whose every sample is valid.
+"""Search spaces: a YAML file becomes a validated `SearchSpace` whose every sample is valid (docs/design.md,
+"Search spaces: valid by construction").
 
     space = load_space("cpu-tiny")            # a shipped name (see `shipped_spaces()`) or a YAML file path
-    config = sample_config(space, trial)      # a ProbeConfig with knobs.violations(config, gpus) == []
+    config = sample_config(space, trial)      # a ProbeConfig that breaks no rule (autotune.config.rules)
     params = config_to_params(space, seed)    # for study.enqueue_trial(params); None when it does not fit
     space.grid(), space.size()                # every valid configuration, and how many there are
 
@@ -26,7 +27,8 @@ independently. That is the price of validity by construction.)
 Lengths, workers and gradient checkpointing are independent of the batch knobs: a fixed list of choices is a
 categorical, a range is an integer (`{min, max}` of a length: powers of two; with `step`: linear).
 `num_rollout_workers` is a linear range whose max is clipped to the physical cores of the machine the space
-was loaded on (`SearchSpace.cores`); a min above them is an error (the seed's pitfall 6.2).
+was loaded on (`SearchSpace.cores`); a min above them is an error (workers beyond the cores compete for
+them and rollout stalls).
 
 YAML schema (unknown keys anywhere are errors; every error is reported at once, one line each):
 
@@ -109,10 +111,11 @@ OPTIONAL_KNOBS = {LOGPROB: None, CHECKPOINTING: False}  # omitted -> this value
 # Kinds of KnobSpec.
 FIXED, CHOICES, POW2, LINEAR = "fixed", "choices", "pow2", "linear"
 
-# Memory (DESIGN §3): peak grows with these (the log-prob knob by its effective value, `None` = micro);
-# gradient checkpointing goes the other way (True needs LESS memory); these must be equal to compare two
-# configs at all; and these change time, not the peak (T and g beyond a rollout buffer of a few MB; the
-# workers are separate processes, outside a rank's CUDA memory and its RSS).
+# Memory (docs/design.md, "Knobs and invariants"): the peak grows with MEMORY_MONOTONE_KNOBS (the log-prob
+# knob by its effective value, `None` = micro); gradient checkpointing goes the other way (True needs LESS
+# memory); MEMORY_EQUAL_FIELDS must be equal to compare two configs at all; TIME_ONLY_KNOBS change time, not
+# the peak (T and g beyond a rollout buffer of a few MB; the workers are separate processes, outside a rank's
+# CUDA memory and its RSS).
 MEMORY_MONOTONE_KNOBS = (MICRO, ROLLOUT, PROMPT, RESPONSE, "forward_micro_batch_size")
 MEMORY_EQUAL_FIELDS = ("algorithm", "rollout_n", "use_lora", "lora_r")
 TIME_ONLY_KNOBS = (TRAIN, ACCUM, WORKERS)
@@ -637,7 +640,7 @@ def _parse_knob(check: Checker, name: str, raw: Any, unit: int | None, cores: in
     if check.integer(path, raw, 1) is None:
         return None
     if name == WORKERS and raw > cores:
-        check.error(path, raw, f"exceeds the {cores} physical cores here (the seed's pitfall 6.2)")
+        check.error(path, raw, _too_many_workers(cores))
         return None
     if not batch:
         return KnobSpec(name, FIXED, (raw,))
@@ -668,7 +671,7 @@ def _parse_choices(check: Checker, name: str, raw: Any, cores: int) -> KnobSpec 
         check.error(path, raw, "lists a value twice")
         return None
     if name == WORKERS and max(raw) > cores:
-        check.error(path, raw, f"exceeds the {cores} physical cores here (the seed's pitfall 6.2)")
+        check.error(path, raw, _too_many_workers(cores))
         return None
     return KnobSpec(name, FIXED, tuple(raw)) if len(raw) == 1 else KnobSpec(name, CHOICES, tuple(raw))
 
@@ -689,7 +692,7 @@ def _parse_range(check: Checker, name: str, raw: dict, unit: int, cores: int) ->
         return None
     if name == WORKERS:
         if low > cores:
-            check.error(f"{path}.min", low, f"exceeds the {cores} physical cores here (seed pitfall 6.2)")
+            check.error(f"{path}.min", low, _too_many_workers(cores))
             return None
         spec = KnobSpec(name, LINEAR, low=low, high=high, step=step)
         return spec if spec.linear_high(cores) > low else KnobSpec(name, FIXED, (low,))
@@ -776,6 +779,10 @@ def _parse_seeds(check: Checker, data: Any, space: SearchSpace | None) -> list[S
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+
+
+def _too_many_workers(cores: int) -> str:
+    return f"exceeds the {cores} physical cores here: more workers compete for them and rollout stalls"
 
 
 def _form(name: str, unit: int) -> str:

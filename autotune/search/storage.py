@@ -94,7 +94,7 @@ def is_sqlite(url: str) -> bool:
 
 
 def check_parallel_safe(url: str, writers: int, by_default: bool = False) -> None:
-    """SQLite locks the whole file per write: several writers get 'database is locked' (DESIGN §5)."""
+    """SQLite locks the whole file per write: several writers get 'database is locked'."""
     if writers <= 1 or not is_sqlite(url):
         return
     if by_default:  # an existing study.db: the study began with one probe at a time
@@ -131,7 +131,7 @@ def make_storage(
         if not path.parent.is_dir():
             raise UserError(f"--storage {url}: folder {path.parent} does not exist; create it first")
         return JournalStorage(JournalFileBackend(str(path)))
-    with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna, and what DESIGN §5 asks for
+    with warnings.catch_warnings():  # "experimental" in Optuna; they are how dead workers are found
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.storages.RDBStorage(
             url,

@@ -1,7 +1,7 @@
 """Build the probe's models the way a verl PPO job holds them: actor, reference, critic, reward.
 
 Precision on GPU: trainable full models keep fp32 weights (mixed-precision Adam: ~16 B per trainable
-parameter, DESIGN §9) and compute under bf16 autocast; frozen models (reference, reward, a LoRA base) are
+parameter) and compute under bf16 autocast; frozen models (reference, reward, a LoRA base) are
 bf16. On CPU everything is fp32 (CPU bf16 kernels are slow and not what a GPU run does).
 """
 

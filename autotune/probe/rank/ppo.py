@@ -1,4 +1,4 @@
-"""One verl-style PPO/GRPO iteration: rollout, scoring, advantages, update (DESIGN §4).
+"""One verl-style PPO/GRPO iteration: rollout, scoring, advantages, update (docs/design.md, "The probe").
 
 Runs inside a probe rank (the runner program imports it). Each rank works on its share of the global batch;
 gradients of the trainable models are averaged by DDP, so W ranks do the same work as verl's data-parallel
