@@ -1,6 +1,6 @@
 """Probe fidelity: does the short probe rank configurations the way a long run does? (tiny-llama, CPU)
 
-    .venv/bin/python bench/fidelity.py [--space cpu-tiny] [--configs 12] [--repeats 3] \
+    .venv/bin/python -m bench.fidelity [--space cpu-tiny] [--configs 12] [--repeats 3] \
         [--long-iterations 10] [--out bench/results/fidelity.jsonl]
 
 Picks `--configs` configurations from the space's grid, deterministically and spread over every searched
@@ -23,7 +23,7 @@ warm-up, `--long-iterations` measured iterations), and prints:
 
 Each probe is one JSON line in `--out` (after a `run` header line; a `summary` line closes the file) with the
 load average at its end, so that a run taken on a busy machine is recognisable; the probe itself keeps one
-or two cores busy. `bench/memory_model.py --from` reads the same file.
+or two cores busy. `python -m bench.memory_model --from` reads the same file.
 """
 
 from __future__ import annotations
@@ -48,8 +48,10 @@ from autotune.probe import forkserver, launcher
 from autotune.probe.contract import ProbeSettings
 from autotune.probe.launcher import run_probe
 from autotune.search.space import EXPONENT_ORDER, SearchSpace, load_space
+from autotune.units import GIB
+from bench import common
 
-DEFAULT_OUT = Path(__file__).parent / "results" / "fidelity.jsonl"
+DEFAULT_OUT = common.RESULTS / "fidelity.jsonl"
 SHORT, LONG = "short", "long"
 LABELS = {
     "rollout_batch_size": "R",
@@ -113,25 +115,17 @@ def label(config: ProbeConfig, space: SearchSpace) -> str:
 
 def limit_gib(space: SearchSpace) -> float:
     """The study's feasibility limit: budget less headroom."""
-    return space.memory_budget_gib * (1 - space.headroom)
+    return common.space_budget(space).limit / GIB
 
 
 # ---------------------------------------------------------------------------------------------- probing
 
 
 def probe_settings(space: SearchSpace, iterations: int | None = None) -> ProbeSettings:
-    """As `autotune run` builds them (autotune.run.probe_settings): the space's probe section, no emulated
-    budget (the study judges the peak itself). `iterations` replaces the measured iterations (long run)."""
-    return ProbeSettings(
-        model=space.model,
-        reward_model=space.reward_model,
-        device="cpu",
-        world_size=space.gpus,
-        warmup_iterations=space.probe.warmup,
-        iterations=iterations or space.probe.iterations,
-        timeout_seconds=space.probe.timeout_seconds * max(1.0, (iterations or 0) / space.probe.iterations),
-        memory_budget_gib=None,
-    )
+    """The probe `autotune run` launches (common.probe_settings) but with no emulated budget: every
+    configuration, fitting or not, is measured in full and judged against the limit afterwards (`fits`).
+    `iterations` replaces the measured iterations (the long run)."""
+    return common.probe_settings(space, iterations=iterations, memory_budget_gib=None)
 
 
 @contextlib.contextmanager
@@ -452,6 +446,7 @@ def main() -> None:
     configs = pick_configs(space, args.configs, args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", encoding="utf-8") as sink:
+        here = common.machine()
         header = {
             "kind": "run",
             "space": args.space,
@@ -461,10 +456,10 @@ def main() -> None:
             "long_iterations": args.long_iterations,
             "seed": args.seed,
             "probe": {"warmup": space.probe.warmup, "iterations": space.probe.iterations},
-            "cpu_count": os.cpu_count(),
+            "cpu_count": here["cpu_count"],
             "fork_server": forkserver.enabled(),
-            "loadavg_start": list(os.getloadavg()),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "loadavg_start": here["loadavg"],
+            "time": here["time"],
         }
         sink.write(json.dumps(header) + "\n")
         print(f"{len(configs)} configs of {args.space}; load average at start {header['loadavg_start']}")

@@ -1,6 +1,6 @@
 """Gain over the seed article's three hand-made configs, on CPU-sized copies of its three scenarios.
 
-    .venv/bin/python bench/gain.py [--scenarios 5.1,5.2,5.3] [--trials 20] [--iterations 3] [--repeats 3]
+    .venv/bin/python -m bench.gain [--scenarios 5.1,5.2,5.3] [--trials 20] [--iterations 3] [--repeats 3]
                                    [--keep DIR] [--json PATH]
 
 For each scenario (search_spaces/seed-*.yaml: §5.1 2×A100-80G 7B LoRA, §5.2 4×A100-40G 13B full fine-tuning,
@@ -65,18 +65,19 @@ from typing import Any
 import optuna
 import yaml
 
-from autotune.check import estimate_memory
 from autotune.config.knobs import ProbeConfig, physical_cores
-from autotune.memory.model import Architecture, MemoryModel
-from autotune.models.registry import resolve_model, resolve_reward_model
+from autotune.memory.model import MemoryModel
+from autotune.memory.sharded import estimate_memory
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.probe.launcher import run_probe
+from autotune.report.selection import best_feasible
 from autotune.search.space import SearchSpace, load_space, space_from_dict
-from autotune.search.study import Budget, best_feasible, status_counts, trial_config
+from autotune.search.study import status_counts, trial_config
+from autotune.status import Attr, Status
 from autotune.units import GIB
+from bench import common
 
-ROOT = Path(__file__).resolve().parent.parent
-GRID_TABLE = ROOT / "bench" / "results" / "cpu-tiny-grid.jsonl"
+GRID_TABLE = common.RESULTS / "cpu-tiny-grid.jsonl"
 FACTOR = 8  # batch sizes (per GPU) and lengths are divided by this
 RSS_NOISE_GIB = 0.02  # run-to-run spread of a CPU probe's peak RSS (search_spaces/cpu-tiny.yaml)
 DEVICE = "cpu"  # the scaling rule sizes everything for a CPU
@@ -142,7 +143,7 @@ def scale_space(original: SearchSpace, cores: int) -> dict[str, Any]:
         lora.update(r=_micro(lora["r"]), alpha=_micro(lora["alpha"]))
     c = hand.config
     return {
-        "description": f"{original.name} scaled for bench/gain.py (batches ÷ W·{FACTOR}, lengths ÷ {FACTOR})",
+        "description": f"{original.name} scaled for bench.gain (batches ÷ W·{FACTOR}, lengths ÷ {FACTOR})",
         "model": "tiny-llama",
         "reward_model": REWARD_MODELS[original.reward_model],
         "gpus": 1,
@@ -175,8 +176,8 @@ def original_fraction(original: SearchSpace, sharding: str) -> tuple[float, floa
     data = copy.deepcopy(dict(original.raw))
     data["knobs"]["train_batch_size"] = hand.train_batch_size
     fixed = space_from_dict(data, source=original.source, cores=original.cores, name=original.name)
-    arch = Architecture.from_specs(resolve_model(original.model), resolve_reward_model(original.reward_model))
-    limit = original.memory_budget_gib * (1 - original.headroom) * GIB
+    arch = common.prior_memory_model(original, "cuda").arch
+    limit = common.space_budget(original).limit
     grid = fixed.grid()
     fits = sum(estimate_memory(arch, c, original.gpus, sharding).peak <= limit for c in grid)
     return fits / len(grid), estimate_memory(arch, hand, original.gpus, sharding).peak / GIB
@@ -184,19 +185,17 @@ def original_fraction(original: SearchSpace, sharding: str) -> tuple[float, floa
 
 def cpu_memory_model(space: SearchSpace) -> MemoryModel:
     """The CPU memory model for the scaled space, calibrated on the committed cpu-tiny grid's ok probes."""
-    points = []
-    for line in GRID_TABLE.read_text().splitlines():
-        result = json.loads(line)["result"]
-        if result["status"] == "ok":
-            points.append((ProbeConfig(**result["config"]), result["peak_memory_bytes"]))
-    arch = Architecture.from_specs(resolve_model(space.model), resolve_reward_model(space.reward_model))
-    return MemoryModel(arch, space.gpus, "cpu").calibrate(points)
+    points = [
+        (ProbeConfig(**result["config"]), result["peak_memory_bytes"])
+        for result in common.grid_table(GRID_TABLE).values()
+        if result["status"] == Status.OK
+    ]
+    return common.prior_memory_model(space, "cpu").calibrate(points)
 
 
 def model_floor(space: SearchSpace) -> float:
     """The peak below which `autotune run` says no configuration can fit (its uncalibrated prior)."""
-    arch = Architecture.from_specs(resolve_model(space.model), resolve_reward_model(space.reward_model))
-    return MemoryModel(arch, space.gpus, DEVICE).minimum_bytes(ProbeConfig(**space.fixed_fields))
+    return common.prior_memory_model(space, DEVICE).minimum_bytes(ProbeConfig(**space.fixed_fields))
 
 
 def scaled_budget(space: SearchSpace, fraction: float, hand_peak: int) -> dict[str, Any]:
@@ -225,19 +224,6 @@ def scaled_budget(space: SearchSpace, fraction: float, hand_peak: int) -> dict[s
 
 
 # --- probing ------------------------------------------------------------------------------------------------
-
-
-def settings_for(space: SearchSpace, iterations: int, device: str) -> ProbeSettings:
-    return ProbeSettings(
-        model=space.model,
-        reward_model=space.reward_model,
-        device=device,
-        world_size=space.gpus,
-        warmup_iterations=space.probe.warmup,
-        iterations=iterations,
-        timeout_seconds=space.probe.timeout_seconds * max(1, iterations),
-        memory_budget_gib=space.memory_budget_gib,
-    )
 
 
 def summary(result: ProbeResult) -> dict[str, Any]:
@@ -287,17 +273,16 @@ def read_study(out: Path, study_name: str, space: SearchSpace) -> dict[str, Any]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = f"sqlite:///{out / study_name / 'study.db'}"
     study = optuna.load_study(study_name=study_name, storage=storage)
-    budget = Budget(int(space.memory_budget_gib * GIB), space.headroom)
-    best = best_feasible(study, budget)
+    best = best_feasible(study, common.space_budget(space))
     trials = study.get_trials(deepcopy=False)
-    probes = [t for t in trials if "result" in t.user_attrs]
+    probes = [t for t in trials if Attr.RESULT in t.user_attrs]
     return {
         "chosen": trial_config(best) if best else None,
         "chosen_trial": best.number if best else None,
         "chosen_short_sps": best.values[0] if best else None,
         "statuses": status_counts(study),
         "probes": len(probes),
-        "probe_seconds": sum(t.user_attrs["result"].get("wall_seconds", 0.0) for t in probes),
+        "probe_seconds": sum(t.user_attrs[Attr.RESULT].get("wall_seconds", 0.0) for t in probes),
         "best_config_yaml": (out / study_name / "best_config.yaml").is_file(),
     }
 
@@ -324,7 +309,7 @@ def run_scenario(scenario: Scenario, args: argparse.Namespace, workdir: Path) ->
     fraction, original_hand_gib = original_fraction(original, scenario.sharding)
     # The hand-made config as it is, with as many iterations as the long probes: RSS grows a little with
     # every iteration, and the budget must hold its peak in the comparison too.
-    first = run_probe(hand, settings_for(draft, args.iterations, DEVICE))
+    first = run_probe(hand, common.probe_settings(draft, DEVICE, args.iterations))
     if first.status != "ok":
         return {"scenario": scenario.key, "error": f"hand-made probe {first.status}: {first.message}"}
     budget = scaled_budget(draft, fraction, first.peak_memory_bytes)
@@ -349,7 +334,8 @@ def run_scenario(scenario: Scenario, args: argparse.Namespace, workdir: Path) ->
     }
     chosen = found.get("chosen")
     if chosen is not None:
-        runs = compare(hand, chosen, settings_for(space, args.iterations, DEVICE), args.repeats)
+        settings = common.probe_settings(space, DEVICE, args.iterations)
+        runs = compare(hand, chosen, settings, args.repeats)
         result["chosen"] = {"config": asdict(chosen)}
         result["long"] = runs
         result.update(ratios(runs, space))
@@ -359,7 +345,7 @@ def run_scenario(scenario: Scenario, args: argparse.Namespace, workdir: Path) ->
 
 def ratios(runs: dict[str, list[dict]], space: SearchSpace) -> dict[str, Any]:
     """Speed alone, and budget-aware: a long probe above the budget (an emulated OOM) counts 0 samples/s."""
-    limit = space.memory_budget_gib * (1 - space.headroom)
+    limit = common.space_budget(space).limit / GIB
 
     def speed(name: str, budget_aware: bool) -> float:
         return statistics.median(
@@ -440,8 +426,11 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args()
     wanted = set(args.scenarios.split(","))
-    started, load = time.monotonic(), os.getloadavg()
-    print(f"bench/gain.py: load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
+    started, here = time.monotonic(), common.machine()
+    load = here["loadavg"]
+    print(
+        f"bench/gain.py: load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {here['cpu_count']} CPUs"
+    )
     results = []
     with tempfile.TemporaryDirectory(prefix="autotune-gain-") as tmp:
         workdir = args.keep or Path(tmp)

@@ -1,7 +1,7 @@
 """One run on a CUDA machine that checks what the CPU tests cannot: bf16 probes, real OOMs, NVML, a study.
 
-    .venv/bin/python bench/gpu_check.py [--out gpu_check.json] [--deadline 450]
-    .venv/bin/python bench/gpu_check.py --dry-run [--out gpu_check.json]   # the same steps on CPU, tiny-llama
+    .venv/bin/python -m bench.gpu_check [--out gpu_check.json] [--deadline 450]
+    .venv/bin/python -m bench.gpu_check --dry-run [--out gpu_check.json]   # the same steps on CPU, tiny-llama
 
 Steps, in order, each in its own try/except (an error is recorded in the summary and the next step runs) and
 each skipped when the time left before --deadline is less than it needs:
@@ -14,7 +14,7 @@ each skipped when the time left before --deadline is less than it needs:
    the first iteration ends), one at 80% of the largest probe's peak (OOM inside the iteration); both must
    be classified `oom`/`cuda`;
 4. peaks: torch's allocator peaks (reserved >= allocated > 0) against NVML's sampled device peak, per probe;
-5. memory model: autotune/memory_model.py's CUDA prediction against each measured peak (prior, and
+5. memory model: autotune.memory.model's CUDA prediction against each measured peak (prior, and
    calibrated on the other probes);
 6. study: `autotune run` end to end, 8 trials on an emulated card of 1.2 × the medium probe's peak (so the
    largest micro batches hit real OOMs; at least 10% above autotune's own floor), with its report files.
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-GIB = 1024**3
+from autotune.units import GIB
 
 
 def batch(
@@ -88,7 +87,7 @@ GPU_PLAN = Plan(
     # first iteration ends (building the models or at the first optimizer step, which allocates Adam's state).
     states_oom_budget_gib=8.0,
     study_space={
-        "description": "bench/gpu_check.py: qwen2.5-0.5b on a 24 GiB emulated card",
+        "description": "bench.gpu_check: qwen2.5-0.5b on a 24 GiB emulated card",
         "model": "qwen2.5-0.5b",
         "reward_model": "function",
         "gpus": 1,
@@ -123,7 +122,7 @@ CPU_PLAN = Plan(
     },
     states_oom_budget_gib=0.3,  # below the Python + torch runtime alone (~0.45 GiB of RSS)
     study_space={
-        "description": "bench/gpu_check.py --dry-run: tiny-llama on CPU",
+        "description": "bench.gpu_check --dry-run: tiny-llama on CPU",
         "model": "tiny-llama",
         "reward_model": "function",
         "gpus": 1,
@@ -226,16 +225,10 @@ def _process_count(pynvml: Any, handle: Any) -> int | None:
 
 def environment(check: Check) -> dict[str, Any]:
     import torch
-    import transformers
 
-    record = {
-        "device": check.plan.device,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "transformers": transformers.__version__,
-        "cpu_count": os.cpu_count(),
-        "loadavg": os.getloadavg(),
-    }
+    from bench.common import machine
+
+    record = {"device": check.plan.device, **machine(), "cuda": torch.version.cuda}
     if check.plan.device == "cuda":
         record["nvml_before"] = nvml_state()
         record["device_count"] = torch.cuda.device_count()
@@ -345,20 +338,18 @@ def peaks(check: Check) -> dict[str, Any]:
 def memory_model(check: Check) -> dict[str, Any]:
     """The model's peak against each measured one: the prior, and calibrated on the other probes."""
     from autotune.config.knobs import ProbeConfig
-    from autotune.memory.model import Architecture, MemoryModel
-    from autotune.models.registry import resolve_model
+    from bench.common import memory_model_for
 
-    arch = Architecture.from_specs(resolve_model(check.plan.model))
     points = {
         name: (ProbeConfig(**r["config"]), r["peak_memory_bytes"])
         for name, r in check.probes.items()
         if r["status"] == "ok"
     }
+    prior = memory_model_for(check.plan.model, device=check.plan.device)
     record = {}
     for name, (config, measured) in points.items():
-        prior = MemoryModel(arch, 1, check.plan.device)
         others = [p for other, p in points.items() if other != name]
-        held_out = MemoryModel(arch, 1, check.plan.device).calibrate(others) if others else None
+        held_out = prior.with_calibration(prior.constant, prior.factor).calibrate(others) if others else None
         record[name] = {
             "measured_gib": measured / GIB,
             "prior_gib": prior.predict(config) / GIB,
@@ -430,14 +421,13 @@ def study_budget(check: Check) -> float:
     the plan's own budget when the medium probe did not run.
     """
     from autotune.config.knobs import ProbeConfig
-    from autotune.memory.model import Architecture, MemoryModel
-    from autotune.models.registry import resolve_model
+    from bench.common import memory_model_for
 
     medium = check.probes.get("medium")
     if not medium or medium["status"] != "ok":
         return float(check.plan.study_space["memory_budget_gib"])
     # `autotune run` refuses a budget whose headroom-less part is below its prior floor: stay 10% above it
-    model = MemoryModel(Architecture.from_specs(resolve_model(check.plan.model)), 1, check.plan.device)
+    model = memory_model_for(check.plan.model, device=check.plan.device)
     headroom = check.plan.study_space["headroom"]
     floor = 1.1 * model.minimum_bytes(ProbeConfig()) / (1 - headroom)
     return round(max(1.2 * medium["peak_memory_bytes"], floor) / GIB, 3)

@@ -1,6 +1,6 @@
 """Records tokenized per second by `autotune lengths` on synthetic prompt+response records.
 
-    python bench/lengths_speed.py [--records 100000] [--model llama-2-7b]
+    python -m bench.lengths_speed [--records 100000] [--model llama-2-7b]
 
 The records are English-like text whose lengths follow the article's e-commerce example (§4.5: prompt
 median ~42 tokens, p95 ~187; response median ~63, p95 ~215), written as JSON lines in a temporary folder.
@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import tempfile
 import time
@@ -40,12 +38,10 @@ def synthetic_records(n: int, seed: int = 0) -> list[dict[str, str]]:
 
 
 def machine() -> str:
-    import psutil
+    from bench.common import machine as record
 
-    physical = psutil.cpu_count(logical=False)
-    return (
-        f"{platform.processor() or platform.machine()}, {physical} physical / {os.cpu_count()} logical cores"
-    )
+    here = record()
+    return f"{here['processor']}, {here['physical_cores']} physical / {here['cpu_count']} logical cores"
 
 
 def main() -> None:

@@ -1,12 +1,12 @@
 """The memory model against measured peaks over the fidelity configurations, before and after calibration.
 
-    .venv/bin/python bench/memory_model.py --from bench/results/fidelity.jsonl     # no probes: reuse peaks
-    .venv/bin/python bench/memory_model.py [--space cpu-tiny] [--configs 12]        # probes each config once
-    .venv/bin/python bench/memory_model.py --from bench/results/cpu-tiny-grid.jsonl  # the whole grid
+    .venv/bin/python -m bench.memory_model --from bench/results/fidelity.jsonl     # no probes: reuse peaks
+    .venv/bin/python -m bench.memory_model [--space cpu-tiny] [--configs 12]        # probes each config once
+    .venv/bin/python -m bench.memory_model --from bench/results/cpu-tiny-grid.jsonl  # the whole grid
 
-Peaks come from the short probes of `bench/fidelity.py` (the same configurations, the same probe `autotune
+Peaks come from the short probes of `bench.fidelity` (the same configurations, the same probe `autotune
 run` launches; with `--from`, its first repeat of each), or from one short probe per configuration (saved to
-`--out`), or from bench/search_efficiency.py's grid table (every configuration of the space, probed once).
+`--out`), or from bench.search_efficiency's grid table (every configuration of the space, probed once).
 Prints, per configuration, the measured peak and the prediction from the priors alone and after calibrating
 on `--calibrate-on` probes (the first ones measured; for the grid, the first ones fidelity.py would pick),
 fitted from the priors with `MemoryModel.calibrate` as `Tuner.calibrate` does; then the median and worst
@@ -21,28 +21,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).parent))  # the sibling bench scripts, also when imported from elsewhere
-
-import fidelity
-from memory_points import triples
-
 from autotune.config.knobs import ProbeConfig
-from autotune.memory.model import Architecture, MemoryModel
-from autotune.models.registry import resolve_model, resolve_reward_model
+from autotune.memory.model import MemoryModel
 from autotune.search.space import SearchSpace, load_space
+from bench import common, fidelity
+from bench.memory_points import triples
 
-DEFAULT_OUT = Path(__file__).parent / "results" / "memory_model.jsonl"
-
-
-def prior_model(space: SearchSpace) -> MemoryModel:
-    arch = Architecture.from_specs(resolve_model(space.model), resolve_reward_model(space.reward_model))
-    return MemoryModel(arch, space.gpus, "cpu")
+DEFAULT_OUT = common.RESULTS / "memory_model.jsonl"
 
 
 def probe_peaks(space: SearchSpace, count: int, seed: int, out: Path) -> list[dict[str, Any]]:
@@ -69,8 +59,7 @@ def grid_rows(path: Path, space: SearchSpace, first: int) -> list[dict[str, Any]
     ordered so that the `first` configurations fidelity.py would pick come first (the calibration points)."""
     picked = [fidelity.label(c, space) for c in fidelity.pick_configs(space, first)]
     rows = []
-    for number, line in enumerate(path.read_text().splitlines()):
-        result = json.loads(line)["result"]
+    for number, result in enumerate(common.grid_table(path).values()):
         name = fidelity.label(ProbeConfig(**result["config"]), space)
         index = picked.index(name) if name in picked else first + number
         rows.append({**result, "index": index, "label": name, "mode": fidelity.SHORT, "repeat": 0})
@@ -204,7 +193,7 @@ def main() -> None:
     else:
         rows = probe_peaks(space, args.configs, args.seed, args.out)
     frame = measured(rows)
-    prior = prior_model(space)
+    prior = common.prior_memory_model(space)
     table = predictions(frame, prior, list(frame.index[: args.calibrate_on]))
     with pd.option_context(
         "display.width", 160, "display.max_columns", 20, "display.float_format", "{:.3f}".format

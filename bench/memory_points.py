@@ -1,7 +1,7 @@
 """Collect measured peak memory of CPU probes, and check the memory model against them.
 
-    python bench/memory_points.py collect --out /tmp/points.jsonl     # ~20 probes, 10-30 s each
-    python bench/memory_points.py check --points /tmp/points.jsonl    # calibrate on 3, predict the rest
+    python -m bench.memory_points collect --out /tmp/points.jsonl     # ~20 probes, 10-30 s each
+    python -m bench.memory_points check --points /tmp/points.jsonl    # calibrate on 3, predict the rest
 
 Each line of the points file is one probe: {"name", "model", "reward_model", "gpus", "config",
 "status", "peak_memory_bytes"}. Only `ok` probes' peaks are used.
@@ -183,8 +183,8 @@ def load(points: Path) -> list[dict]:
 
 def check(points: Path, calibrate_on: list[str]) -> None:
     from autotune.config.knobs import ProbeConfig
-    from autotune.memory.model import Architecture, MemoryModel
-    from autotune.models.registry import resolve_model, resolve_reward_model
+    from autotune.memory.model import MemoryModel
+    from bench.common import memory_model_for
 
     rows = load(points)
     models: dict[tuple, MemoryModel] = {}
@@ -192,10 +192,7 @@ def check(points: Path, calibrate_on: list[str]) -> None:
     def model_for(row: dict) -> MemoryModel:
         key = (row["model"], row["reward_model"], row["gpus"])
         if key not in models:
-            arch = Architecture.from_specs(
-                resolve_model(row["model"]), resolve_reward_model(row["reward_model"])
-            )
-            models[key] = MemoryModel(arch, world_size=row["gpus"], device="cpu")
+            models[key] = memory_model_for(*key, device="cpu")
         return models[key]
 
     def errors(label: str, shared: MemoryModel | None) -> None:

@@ -1,6 +1,6 @@
 """How much of a probe's wall time is spent outside the measured iterations (tiny-llama on CPU).
 
-    python bench/probe_overhead.py [--iterations 2] [--repeats 2]
+    python -m bench.probe_overhead [--iterations 2] [--repeats 2]
 
 Start-up (interpreter, imports, process group, model build) and the warm-up iteration are the price of
 isolating each probe in its own process; the tuner pays it on every trial. Ranks are forked from the warm

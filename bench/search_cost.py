@@ -1,9 +1,9 @@
 """What a search costs to come within 95% of the optimum: probes and minutes, autotune against random.
 
-    .venv/bin/python bench/search_cost.py [--table bench/results/cpu-tiny-grid.jsonl] [--seeds 10]
-                                          [--target 0.95] [--max-probes 80]
+    .venv/bin/python -m bench.search_cost [--table bench/results/cpu-tiny-grid.jsonl] [--seeds 10]
+                                            [--target 0.95] [--max-probes 80]
 
-Reads the committed grid table of bench/search_efficiency.py (every configuration of the cpu-tiny space,
+Reads the committed grid table of bench.search_efficiency (every configuration of the cpu-tiny space,
 probed once) and replays Optuna's RandomSampler and autotune against it, as that script does, with no
 re-probing. For each seed it records the probes launched until the best feasible samples/sec reaches
 `target` × the grid optimum, and the minutes they would have cost: the sum of those probes' own wall seconds
@@ -18,21 +18,16 @@ so the minutes compare the tools' budgets, not the same work.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import optuna
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: import the sibling benchmark
-
-from search_efficiency import METHODS, grid_optimum, replay
-
 from autotune.search.space import load_space
 from autotune.search.study import Budget
-from autotune.units import GIB
+from bench import common
+from bench.search_efficiency import METHODS, grid_optimum, replay
 
 FORK_SERVER_SECONDS = 5.0  # the warm server's start, paid once per `autotune run` (README, Benchmarks)
 DEEPSPEED = "DeepSpeed autotuner (published): 9–34 experiments, 11–40 minutes per model"
@@ -49,10 +44,6 @@ class RecordingTable(dict):
         row = super().__getitem__(key)
         self.reads.append((time.perf_counter(), row))
         return row
-
-
-def load_table(path: Path) -> dict[str, dict]:
-    return {row["key"]: row["result"] for row in map(json.loads, path.read_text().splitlines())}
 
 
 def feasible_speed(row: dict, budget: Budget) -> float:
@@ -112,8 +103,8 @@ def main() -> None:
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(args.space)
-    budget = Budget(int(space.memory_budget_gib * GIB), space.headroom)
-    rows = load_table(args.table)
+    budget = common.space_budget(space)
+    rows = common.grid_table(args.table)
     optimum = grid_optimum(rows, budget)
     goal = args.target * optimum
     grid_seconds = sum(r["wall_seconds"] for r in rows.values())

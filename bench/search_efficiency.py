@@ -1,6 +1,6 @@
 """Search efficiency on the cpu-tiny space: exhaustive grid vs Optuna's RandomSampler vs autotune.
 
-    python bench/search_efficiency.py [--space cpu-tiny] [--seeds 3] [--table PATH.jsonl]
+    python -m bench.search_efficiency [--space cpu-tiny] [--seeds 3] [--table PATH.jsonl]
 
 Step 1 probes every configuration of the space once, with the same probe `autotune run` uses, and keeps the
 results in a table (JSON lines; resumable: an interrupted run continues where it stopped). Step 2 replays
@@ -22,40 +22,23 @@ from pathlib import Path
 import optuna
 
 from autotune.config.knobs import ProbeConfig
-from autotune.memory.model import Architecture, MemoryModel
-from autotune.models.registry import resolve_model, resolve_reward_model
-from autotune.probe.contract import ProbeResult, ProbeSettings
+from autotune.probe.contract import ProbeResult
 from autotune.probe.launcher import run_probe
 from autotune.search.space import load_space
-from autotune.search.study import Budget, Tuner, config_key, enqueue_seed_configs, make_sampler
+from autotune.search.study import Budget, config_key, enqueue_seed_configs, make_sampler
+from autotune.search.tuner import Tuner
 from autotune.units import GIB
+from bench import common
 
 CHECKPOINTS = (6, 12, 20)
 METHODS = ("random", "autotune")
 
 
-def probe_settings(space) -> ProbeSettings:
-    return ProbeSettings(
-        model=space.model,
-        reward_model=space.reward_model,
-        device="cpu",
-        world_size=space.gpus,
-        warmup_iterations=space.probe.warmup,
-        iterations=space.probe.iterations,
-        timeout_seconds=space.probe.timeout_seconds,
-        memory_budget_gib=space.memory_budget_gib,
-    )
-
-
 def measure_grid(space, table_path: Path) -> dict[str, dict]:
     """Probe every configuration once (skipping those already in the table)."""
-    table = {}
-    if table_path.exists():
-        for line in table_path.read_text().splitlines():
-            row = json.loads(line)
-            table[row["key"]] = row["result"]
+    table = common.grid_table(table_path)
     grid = space.grid()
-    settings = probe_settings(space)
+    settings = common.probe_settings(space)
     table_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with table_path.open("a") as sink:
@@ -94,13 +77,9 @@ def replay(method: str, seed: int, space, table: dict[str, dict], budget: Budget
 
     sampler = optuna.samplers.RandomSampler(seed=seed) if method == "random" else make_sampler(seed)
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
-    actor = resolve_model(space.model)
-    model = MemoryModel(
-        Architecture.from_specs(actor, resolve_reward_model(space.reward_model)), space.gpus, "cpu"
-    )
-    tuner = Tuner(
-        study, space, probe_settings(space), budget, model, probe=tabular_probe, prune=method == "autotune"
-    )
+    model = common.prior_memory_model(space)
+    settings = common.probe_settings(space)
+    tuner = Tuner(study, space, settings, budget, model, probe=tabular_probe, prune=method == "autotune")
     if method == "autotune":
         enqueue_seed_configs(study, space)
     best_after: dict[int, float] = {}
@@ -134,7 +113,7 @@ def main() -> None:
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(args.space)
-    budget = Budget(int(space.memory_budget_gib * GIB), space.headroom)
+    budget = common.space_budget(space)
     print(
         f"space {args.space}: {space.size()} configurations; budget {space.memory_budget_gib} GiB, "
         f"feasible <= {budget.limit / GIB:.3f} GiB"

@@ -1,10 +1,10 @@
 """Soak: a 200-trial study of very short probes; trials per minute, and whether the tuner's memory grows.
 
-    .venv/bin/python bench/soak.py                      # 200 trials on cpu-tiny, real probes (~5-10 min)
-    .venv/bin/python bench/soak.py --parallel 2         # two probe slots, journal storage
-    .venv/bin/python bench/soak.py --trials 40 --marks 10,40   # a quick look
+    .venv/bin/python -m bench.soak                      # 200 trials on cpu-tiny, real probes (~5-10 min)
+    .venv/bin/python -m bench.soak --parallel 2         # two probe slots, journal storage
+    .venv/bin/python -m bench.soak --trials 40 --marks 10,40   # a quick look
 
-It runs `autotune run` in this process (the same code as the command, `autotune.run.run_study`) on the
+It runs `autotune run` in this process (the same code as the command, `autotune.search.run.run_study`) on the
 `cpu-tiny` space with 1 measured iteration and no warm-up per probe (the shortest real probe), and samples
 this process's RSS, i.e. the tuner's, when the study reaches each mark (the last one as the tuner loop ends,
 before the report is written: that imports matplotlib once). Probes are child processes and do not
@@ -84,7 +84,7 @@ def soak(trials: int, parallel: int, marks: list[int], folder: Path) -> dict:
     started = time.monotonic()
     # The last mark is taken as the tuner loop ends, before the report: writing a report imports matplotlib
     # (about 30 MiB, once), which is not the tuner growing with its trial count.
-    write_report = autotune.run.finish
+    write_report = autotune.search.run.finish
 
     def finish_after_sampling(*args, **kwargs):
         rss = psutil.Process().memory_info().rss / MIB
@@ -97,11 +97,11 @@ def soak(trials: int, parallel: int, marks: list[int], folder: Path) -> dict:
         }
         return result
 
-    autotune.run.finish = finish_after_sampling
+    autotune.search.run.finish = finish_after_sampling
     try:
         run_study(options, Console(file=io.StringIO(), width=120))
     finally:
-        autotune.run.finish = write_report
+        autotune.search.run.finish = write_report
     elapsed = time.monotonic() - started
     time.sleep(1.0)  # the watcher's last look
     stop.set()
