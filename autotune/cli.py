@@ -7,10 +7,12 @@ one line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from autotune.errors import UserError
 
@@ -26,6 +28,7 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+T = TypeVar("T")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -328,18 +331,7 @@ def _cmd_lengths(args: argparse.Namespace) -> int:
 def _cmd_check(args: argparse.Namespace) -> int:
     from autotune.check import CheckOptions, run
 
-    options = CheckOptions(
-        path=args.config,
-        gpus=args.gpus,
-        gpu=args.gpu,
-        memory_gib=args.memory,
-        data=args.data,
-        model=args.model,
-        cores=args.cores,
-        prompt_key=args.prompt_key,
-        response_key=args.response_key,
-    )
-    return run(options, as_json=args.json)
+    return run(options_from(args, CheckOptions, path=args.config, memory_gib=args.memory), as_json=args.json)
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
@@ -383,62 +375,24 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from autotune.search.run import RunOptions, parse_duration, run_study
 
-    options = RunOptions(
-        space=args.space,
-        model=args.model,
-        reward_model=args.reward_model,
-        weights=args.weights,
-        gpus=args.gpus,
-        device=args.device,
-        trials=args.trials,
-        timeout_per_probe=args.timeout_per_probe,
-        memory_budget_gib=args.memory_budget,
-        time_budget_seconds=parse_duration(args.time_budget) if args.time_budget else None,
-        storage=args.storage,
-        study=args.study,
-        data=args.data,
-        prompt_key=args.prompt_key,
-        response_key=args.response_key,
-        out=args.out,
-        seed=args.seed,
-        trust_remote_code=args.trust_remote_code,
-        parallel=args.parallel,
+    budget = parse_duration(args.time_budget) if args.time_budget else None
+    return run_study(
+        options_from(args, RunOptions, memory_budget_gib=args.memory_budget, time_budget_seconds=budget)
     )
-    return run_study(options)
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     from autotune.search.run import parse_duration
     from autotune.search.worker import WorkerOptions, run_worker
 
-    options = WorkerOptions(
-        study=args.study,
-        storage=args.storage,
-        gpus=args.gpus,
-        parallel=args.parallel,
-        device=args.device,
-        trials=args.trials,
-        time_budget_seconds=parse_duration(args.time_budget) if args.time_budget else None,
-        out=args.out,
-        trust_remote_code=args.trust_remote_code,
-    )
-    return run_worker(options)
+    budget = parse_duration(args.time_budget) if args.time_budget else None
+    return run_worker(options_from(args, WorkerOptions, time_budget_seconds=budget))
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from autotune.report.command import ReportOptions, report_study
 
-    return report_study(
-        ReportOptions(
-            study=args.study,
-            storage=args.storage,
-            out=args.out,
-            memory_budget_gib=args.memory_budget,
-            confirm=args.confirm,
-            confirm_iterations=args.confirm_iterations,
-            device=args.device,
-        )
-    )
+    return report_study(options_from(args, ReportOptions, memory_budget_gib=args.memory_budget))
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -451,6 +405,13 @@ def _cmd_models(args: argparse.Namespace) -> int:
     else:
         print_models(rows)
     return EXIT_OK
+
+
+def options_from(args: argparse.Namespace, cls: type[T], **renamed: Any) -> T:
+    """A command's options dataclass from the parsed arguments: each field from the argument of the same name,
+    `renamed` for those whose flag has another name or needs converting."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    return cls(**{**given, **renamed})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,6 +26,7 @@ from autotune.report.tables import (
     headline,
     memory_model_table,
     model_error_line,
+    predictions,
     recommendation_table,
     verl_lines,
 )
@@ -101,6 +102,15 @@ def _style_key(trial: FrozenTrial, limit: float) -> str | None:
     if status == Status.OK:
         return "ok" if trial.values[1] <= limit else "over_limit"
     return status if status in STYLES else None
+
+
+def _label(ax, xlabel: str, ylabel: str, title: str, grid_axis: str = "both") -> None:
+    """Axis labels, title, a light grid and the legend: every figure of the report ends the same way."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis=grid_axis)
+    ax.legend(fontsize=7, loc="best")
 
 
 def _budget_lines(ax, report: ReportData, vertical: bool) -> None:
@@ -181,11 +191,7 @@ def pareto_figure(report: ReportData) -> Figure:
         )
     _budget_lines(ax, report, vertical=True)
     ax.set_xlim(0, x_max * 1.02)
-    ax.set_xlabel("peak memory per GPU (GiB)")
-    ax.set_ylabel("samples / sec")
-    ax.set_title("Pareto front: throughput against peak memory")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    _label(ax, "peak memory per GPU (GiB)", "samples / sec", "Pareto front: throughput against peak memory")
     return fig
 
 
@@ -220,11 +226,12 @@ def memory_micro_figure(report: ReportData) -> Figure:
     ax.set_xscale("log", base=2)
     micros = sorted({x for xs, _ in points.values() for x in xs})
     ax.set_xticks(micros, [str(m) for m in micros])
-    ax.set_xlabel("micro_batch_size (per GPU)")
-    ax.set_ylabel("peak memory per GPU (GiB)")
-    ax.set_title("Peak memory against micro batch size (measured probes)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    _label(
+        ax,
+        "micro_batch_size (per GPU)",
+        "peak memory per GPU (GiB)",
+        "Peak memory against micro batch size (measured probes)",
+    )
     return fig
 
 
@@ -246,10 +253,13 @@ def phases_figure(report: ReportData) -> Figure:
         ax.barh(labels, widths, left=left, color=PHASE_COLOURS[i % len(PHASE_COLOURS)], label=phase)
         left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.invert_yaxis()  # fastest config on top
-    ax.set_xlabel("seconds per iteration (mean of measured iterations)")
-    ax.set_title("Time per phase, Pareto-front configs")
-    ax.legend(fontsize=7, loc="best")
-    ax.grid(alpha=0.3, axis="x")
+    _label(
+        ax,
+        "seconds per iteration (mean of measured iterations)",
+        "",
+        "Time per phase, Pareto-front configs",
+        "x",
+    )
     return fig
 
 
@@ -265,17 +275,10 @@ def memory_model_figure(report: ReportData) -> Figure:
     fig, ax = _new_figure()
     calibrated: tuple[list[float], list[float]] = ([], [])
     prior: tuple[list[float], list[float]] = ([], [])
-    for trial in report.complete:
-        attrs = trial.user_attrs
-        if (
-            trial_status(trial) != Status.OK
-            or not attrs.get(Attr.PREDICTED_PEAK_BYTES)
-            or Attr.DUPLICATE_OF in attrs
-        ):
-            continue
-        xs, ys = calibrated if attrs.get("calibration_points", 0) >= 1 else prior
-        xs.append(trial.values[1] / GIB)
-        ys.append(attrs["predicted_peak_bytes"] / GIB)
+    for trial, predicted, measured in predictions(report):
+        xs, ys = calibrated if trial.user_attrs.get(Attr.CALIBRATION_POINTS, 0) >= 1 else prior
+        xs.append(measured / GIB)
+        ys.append(predicted / GIB)
     if not calibrated[0] and not prior[0]:
         _empty(ax, "no prediction to compare with a measurement yet")
         return fig
@@ -288,11 +291,12 @@ def memory_model_figure(report: ReportData) -> Figure:
         ax.scatter(*calibrated, s=36, color="#1f77b4", label="calibrated on earlier probes", zorder=3)
     ax.set_xlim(low, high)
     ax.set_ylim(low, high)
-    ax.set_xlabel("measured peak (GiB)")
-    ax.set_ylabel("predicted peak before the probe (GiB)")
-    ax.set_title("Memory model: predicted against measured")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    _label(
+        ax,
+        "measured peak (GiB)",
+        "predicted peak before the probe (GiB)",
+        "Memory model: predicted against measured",
+    )
     return fig
 
 

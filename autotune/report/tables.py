@@ -138,25 +138,28 @@ def gains_table(report: ReportData) -> Table:
     return headers, rows
 
 
+def predictions(report: ReportData) -> list[tuple[FrozenTrial, int, float]]:
+    """(trial, peak predicted before the probe, measured peak) of each original ok probe with a prediction."""
+    return [
+        (trial, trial.user_attrs[Attr.PREDICTED_PEAK_BYTES], trial.values[1])
+        for trial in report.complete
+        if trial_status(trial) == Status.OK
+        and trial.user_attrs.get(Attr.PREDICTED_PEAK_BYTES)
+        and Attr.DUPLICATE_OF not in trial.user_attrs
+    ]
+
+
 def memory_model_table(report: ReportData) -> Table:
     headers = ["trial", "predicted GiB", "measured GiB", "error", "calibration points"]
     rows = []
-    for trial in report.complete:
-        attrs = trial.user_attrs
-        if (
-            trial_status(trial) != Status.OK
-            or not attrs.get(Attr.PREDICTED_PEAK_BYTES)
-            or Attr.DUPLICATE_OF in attrs
-        ):
-            continue
-        predicted, measured = attrs[Attr.PREDICTED_PEAK_BYTES], trial.values[1]
+    for trial, predicted, measured in predictions(report):
         rows.append(
             [
                 f"#{trial.number}",
                 gib(predicted),
                 gib(measured),
                 f"{(predicted - measured) / measured:+.1%}",
-                str(attrs.get(Attr.CALIBRATION_POINTS, 0)),
+                str(trial.user_attrs.get(Attr.CALIBRATION_POINTS, 0)),
             ]
         )
     return headers, rows[:MAX_ROWS]

@@ -19,8 +19,6 @@ Every file is written through a temporary file and a rename: a full disk never l
 from __future__ import annotations
 
 import datetime as dt
-import os
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +27,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.errors import Unavailable, UserError
+from autotune.files import make_folder, write_whole
 from autotune.formats.verl import format_overrides
 from autotune.report.data import ReportData, best_config_yaml, build_report
 from autotune.report.markdown import render_markdown
@@ -37,7 +36,7 @@ from autotune.search.study import Budget, trial_status
 from autotune.status import Attr
 from autotune.units import gib
 
-__all__ = ["FILES", "ReportResult", "study_plan", "write_report", "write_whole"]
+__all__ = ["FILES", "ReportResult", "study_plan", "write_report"]
 
 FILES = ("best_config.yaml", "verl_overrides.txt", "trials.csv", "report.md", "report.html")
 
@@ -92,13 +91,7 @@ def write_report(
     if budget is None:
         raise UserError(f"study {study.study_name!r} stores no memory budget: pass --memory-budget GIB")
     report = build_report(study, budget, plan, exclude, now)
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(
-            f"--out {out_dir}: cannot create it ({exc.strerror}); choose a writable folder"
-        ) from None
+    out_dir = make_folder(Path(out_dir))
     texts = {
         "trials.csv": report.frame.to_csv(index=False),
         "report.md": render_markdown(report),
@@ -130,17 +123,6 @@ def write_report(
         report.selection.closest,
         summary_lines(report, out_dir),
     )
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Write through a temporary file and rename: a full disk never leaves a truncated best_config.yaml
-    for a training job to pick up."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.partial")  # one per writer
-    try:
-        partial.write_text(text, encoding="utf-8")
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def summary_lines(report: ReportData, out_dir: Path) -> list[str]:

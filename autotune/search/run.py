@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from autotune.config.knobs import ProbeConfig
 from autotune.errors import UserError
+from autotune.files import make_folder
 from autotune.probe.contract import ProbeSettings
 from autotune.report.selection import best_feasible
 from autotune.search.coordination import SWEEP_SECONDS, recover_stale_trials
@@ -49,7 +50,6 @@ __all__ = [
     "finish",
     "fit_space_to_data",
     "length_knob_at_least",
-    "make_out_dir",
     "parse_duration",
     "prepare",
     "print_summary",
@@ -357,7 +357,7 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
     console = console or Console()
     space, settings, budget, model, lengths = prepare(options, console)
     study_name = options.study or default_study_name(space.name, space.model, space.gpus)
-    out_dir = make_out_dir(options.out, study_name)
+    out_dir = make_folder(options.out / study_name)
     if lengths is not None and lengths.prompt_texts:
         prompts = data_prompts_file(lengths, out_dir).resolve()
         settings = dataclasses.replace(settings, prompts_file=str(prompts))
@@ -378,17 +378,6 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
     error, count = memory_model_error(study)
     print_summary(tuner, console, error, count)
     return finish(tuner, plan, out_dir, console)
-
-
-def make_out_dir(out: Path, study_name: str) -> Path:
-    out_dir = out / study_name
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(
-            f"--out {out}: cannot create {out_dir} ({exc.strerror}); choose a writable folder"
-        ) from None
-    return out_dir
 
 
 def probe_study(
