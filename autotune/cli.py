@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from autotune.config.numbers import MAX_GIB, MAX_RANKS, MAX_SECONDS, argument, parse_float, parse_int
 from autotune.errors import UserError
 
 __all__ = [
@@ -38,24 +39,12 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, but got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, but got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, but got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, but got {text}")
-    return value
+RANKS = argument(parse_int, maximum=MAX_RANKS)  # --gpus, --parallel: each rank or slot is a process
+COUNT = argument(parse_int)  # trials, iterations, cores
+GIB = argument(parse_float, maximum=MAX_GIB)  # memory budgets per rank
+SECONDS = argument(parse_float, maximum=MAX_SECONDS)  # timeouts
+SEED = argument(parse_int, minimum=0, maximum=2**32 - 1)  # numpy and torch take 32-bit seeds
+WARMUP = argument(parse_int, minimum=0, maximum=1000)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, override: bool = False) -> None:
@@ -89,7 +78,7 @@ def add_device_arguments(parser: argparse.ArgumentParser, override: bool = False
     """--gpus, --device, --memory-budget; with override=True --gpus and the budget default to the space's."""
     parser.add_argument(
         "--gpus",
-        type=_positive_int,
+        type=RANKS,
         default=None if override else 1,
         help="ranks per probe: GPUs on CUDA, gloo processes on CPU "
         + ("(default: the space's)" if override else "(default 1)"),
@@ -102,7 +91,7 @@ def add_device_arguments(parser: argparse.ArgumentParser, override: bool = False
     )
     parser.add_argument(
         "--memory-budget",
-        type=_positive_float,
+        type=GIB,
         metavar="GIB",
         help="per-rank memory budget in GiB: on CUDA a per-process memory fraction emulates a "
         "smaller card (a real OOM); on CPU the peak RSS is compared (an emulated OOM)"
@@ -132,16 +121,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="set a knob, e.g. --set micro_batch_size=4 (repeatable); every rule a config must keep is "
         "listed by `autotune check` and in docs/design.md",
     )
-    probe.add_argument("--iterations", type=_positive_int, default=2, help="measured iterations (default 2)")
-    probe.add_argument("--warmup", type=int, default=1, help="warm-up iterations, not measured (default 1)")
+    probe.add_argument("--iterations", type=COUNT, default=2, help="measured iterations (default 2)")
+    probe.add_argument(
+        "--warmup", type=WARMUP, default=1, help="warm-up iterations, not measured (default 1)"
+    )
     probe.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=SECONDS,
         default=600.0,
         metavar="S",
         help="wall-clock limit in seconds; the whole process group is killed after it",
     )
-    probe.add_argument("--seed", type=int, default=0)
+    probe.add_argument(
+        "--seed", type=SEED, default=0, help="seed of the probe's sampling and prompts (default 0)"
+    )
     probe.add_argument("--json", action="store_true", help="print the result as JSON")
     probe.set_defaults(handler=_cmd_probe)
 
@@ -163,13 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_arguments(run, override=True)
     run.add_argument(
         "--trials",
-        type=_positive_int,
+        type=COUNT,
         default=20,
         help="complete trials to reach, probed or pruned (default 20)",
     )
     run.add_argument(
         "--timeout-per-probe",
-        type=_positive_float,
+        type=SECONDS,
         metavar="S",
         help="wall-clock limit per probe (default: the space's)",
     )
@@ -195,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--study", help="study name (default: <space>-<model>-<gpus>gpu)")
     run.add_argument("--out", type=Path, default=Path("reports"), help="output folder (default: reports)")
-    run.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    run.add_argument("--seed", type=SEED, default=0, help="sampler seed (default 0)")
     run.set_defaults(handler=_cmd_run)
 
     report = sub.add_parser(
@@ -210,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", type=Path, default=Path("reports"), help="output folder (default: reports)")
     report.add_argument(
         "--memory-budget",
-        type=_positive_float,
+        type=GIB,
         metavar="GIB",
         help="judge feasibility against this budget instead of the study's",
     )
@@ -219,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="re-probe the winner with more iterations first; if it fails, take the next one",
     )
-    report.add_argument("--confirm-iterations", type=_positive_int, default=6)
+    report.add_argument("--confirm-iterations", type=COUNT, default=6)
     report.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     report.set_defaults(handler=_cmd_report)
 
@@ -236,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 def add_parallel_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--parallel",
-        type=_positive_int,
+        type=RANKS,
         default=1,
         metavar="P",
         help="probes at a time, each on its own GPUs (P x --gpus must be visible); on CPU, P concurrent "
@@ -259,12 +252,10 @@ def add_worker_parser(sub: argparse._SubParsersAction) -> None:
         required=True,
         help="the study's storage: a PostgreSQL URL, or journal:PATH on the same node",
     )
-    worker.add_argument("--gpus", type=_positive_int, help="GPUs per probe: must equal the study's (default)")
+    worker.add_argument("--gpus", type=RANKS, help="GPUs per probe: must equal the study's (default)")
     add_parallel_argument(worker)
     worker.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    worker.add_argument(
-        "--trials", type=_positive_int, help="complete trials to reach (default: the study's)"
-    )
+    worker.add_argument("--trials", type=COUNT, help="complete trials to reach (default: the study's)")
     worker.add_argument("--time-budget", metavar="DURATION", help="launch no new probe after this long")
     worker.add_argument(
         "--out", type=Path, default=Path("reports"), help="where a measurement goes if the storage is away"
@@ -303,13 +294,13 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
         "model frozen, rollout batch size. Exit 0 clean, 1 problems found, 2 unreadable input.",
     )
     check.add_argument("config", type=Path, help="a YAML config or a verl override file (key=value lines)")
-    check.add_argument("--gpus", type=_positive_int, help="GPUs of the job (default: the config's, else 1)")
+    check.add_argument("--gpus", type=RANKS, help="GPUs of the job (default: the config's, else 1)")
     card = check.add_mutually_exclusive_group()
     card.add_argument("--gpu", help="the card: a100-40g, a100-80g, h100-80g, h200, rtx3090, l40s, ...")
-    card.add_argument("--memory", type=_positive_float, metavar="GIB", help="memory per GPU in GiB")
+    card.add_argument("--memory", type=GIB, metavar="GIB", help="memory per GPU in GiB")
     check.add_argument("--data", type=Path, help="a dataset to check the lengths against (as `lengths`)")
     check.add_argument("--model", help="registry name or local directory (default: from the config)")
-    check.add_argument("--cores", type=_positive_int, help="physical cores of the training machine")
+    check.add_argument("--cores", type=COUNT, help="physical cores of the training machine")
     check.add_argument("--prompt-key", help="prompt column of --data")
     check.add_argument("--response-key", help="response column of --data")
     check.add_argument("--json", action="store_true", help="print a JSON object")
@@ -349,8 +340,6 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     spec = resolve_model(args.model, args.weights, args.trust_remote_code)
     resolve_reward_model(args.reward_model)
     raise_for(position_findings(config, spec))
-    if args.warmup < 0:
-        raise UserError(f"--warmup {args.warmup}: must be >= 0")
     settings = ProbeSettings(
         model=args.model,
         reward_model=args.reward_model,

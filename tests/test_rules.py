@@ -112,7 +112,16 @@ def test_make_config_reports_every_problem_on_one_line():
 
 def test_non_positive_sizes():
     problems = violations(ProbeConfig(micro_batch_size=0, max_response_length=-1), 1, cores=2)
+    fix = "a whole number from 1 to 2147483647"
     assert {
-        "micro_batch_size=0: must be at least 1; fix: micro_batch_size: 1 or more",
-        "max_response_length=-1: must be at least 1; fix: max_response_length: 1 or more",
+        f"micro_batch_size=0: must be a whole number >= 1; fix: micro_batch_size: {fix}",
+        f"max_response_length=-1: must be a whole number >= 1; fix: max_response_length: {fix}",
     } <= set(problems)
+
+
+def test_non_finite_and_out_of_range_numbers_are_findings():
+    assert violations(ProbeConfig(kl_coef=float("nan")), 1, cores=2) == [
+        "kl_coef=nan: must be a finite number; fix: kl_coef: a number from 0 to 100"
+    ]
+    (huge,) = violations(ProbeConfig(train_batch_size=2**40, rollout_batch_size=8), 1, cores=2)
+    assert huge.startswith("train_batch_size=1099511627776: must be a whole number >= 1 and <= 2147483647")

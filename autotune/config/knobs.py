@@ -14,9 +14,10 @@ from typing import Any
 
 from autotune.errors import UserError
 
-__all__ = ["ALGORITHMS", "ProbeConfig", "parse_sets", "physical_cores"]
+__all__ = ["ALGORITHMS", "KNOB_NAMES", "MAX_KL_COEF", "ProbeConfig", "parse_sets", "physical_cores"]
 
 ALGORITHMS = ("ppo", "grpo")
+MAX_KL_COEF = 100.0  # a KL coefficient beyond this is a typo: the KL term would drown the policy loss
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,8 @@ _BOOL_WORDS = {
 
 
 def physical_cores() -> int:
-    """Cores this process may use, counting physical cores only (the seed: never more workers than that)."""
+    """Cores this process may use, counting physical cores only (the seed article: never more rollout workers
+    than that)."""
     import psutil
 
     physical = psutil.cpu_count(logical=False) or os.cpu_count() or 1

@@ -21,7 +21,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.config.knobs import ALGORITHMS, ProbeConfig, physical_cores
+from autotune.config.knobs import ALGORITHMS, MAX_KL_COEF, ProbeConfig, physical_cores
+from autotune.config.numbers import MAX_INT, number_problem
 from autotune.errors import UserError
 from autotune.units import divisors, round_up
 
@@ -104,39 +105,35 @@ def config_findings(
 
 
 def _value_findings(c: ProbeConfig) -> list[Finding]:
-    found = [
-        Finding("values", f"{key}={value}: must be at least 1", f"{key}: 1 or more", key=key, value=value)
-        for key in POSITIVE_KNOBS
-        if (value := getattr(c, key)) < 1
-    ]
-    lm = c.log_prob_micro_batch_size
-    if lm is not None and lm < 1:
-        found.append(
-            Finding(
-                "values",
-                f"log_prob_micro_batch_size={lm}: must be at least 1 (or none: same as micro_batch_size)",
-                "log_prob_micro_batch_size: 1 or more",
-                key="log_prob_micro_batch_size",
-                value=lm,
+    """Sizes are whole numbers >= 1 (the forward micro batch may be unset), kl_coef a finite number >= 0, the
+    algorithm a known one; the same bounds as every number a user gives (`autotune.config.numbers`)."""
+    bounds: dict[str, dict[str, Any]] = {key: {"integer": True, "minimum": 1} for key in POSITIVE_KNOBS}
+    bounds["lora_alpha"] = {"integer": True, "minimum": 1}
+    bounds["kl_coef"] = {"minimum": 0.0, "maximum": MAX_KL_COEF}
+    if c.log_prob_micro_batch_size is not None:
+        bounds["log_prob_micro_batch_size"] = {"integer": True, "minimum": 1}
+    found = []
+    for key, bound in bounds.items():
+        value = getattr(c, key)
+        problem = number_problem(value, **bound)
+        if problem:
+            found.append(
+                Finding(
+                    "values", f"{key}={value}: {problem}", f"{key}: {_example(bound)}", key=key, value=value
+                )
             )
-        )
     if c.algorithm not in ALGORITHMS:
         fix = f"algorithm: one of {', '.join(ALGORITHMS)}"
         found.append(
             Finding("values", f"algorithm={c.algorithm}: unknown", fix, "problem", "algorithm", c.algorithm)
         )
-    if c.kl_coef < 0:
-        found.append(
-            Finding(
-                "values",
-                f"kl_coef={c.kl_coef}: must be >= 0",
-                "kl_coef: 0 or more",
-                "problem",
-                "kl_coef",
-                c.kl_coef,
-            )
-        )
     return found
+
+
+def _example(bound: dict[str, Any]) -> str:
+    if bound.get("integer"):
+        return f"a whole number from 1 to {MAX_INT}"
+    return f"a number from 0 to {bound['maximum']:g}"
 
 
 def _group_findings(c: ProbeConfig, gpus: int) -> list[Finding]:

@@ -12,12 +12,13 @@
 from __future__ import annotations
 
 import difflib
-import math
 from typing import Any
 
 import yaml
 
-__all__ = ["MISSING", "Checker", "is_int", "is_number", "show"]
+from autotune.config.numbers import number_problem
+
+__all__ = ["MISSING", "Checker", "show"]
 
 MISSING = object()  # a key the file does not have
 
@@ -51,21 +52,27 @@ class Checker:
                 self.error(full, data[key], f"unknown key{guess}; known keys: {', '.join(known)}{hint}")
         return unknown
 
-    def integer(self, path: str, value: Any, minimum: int | None = None) -> int | None:
-        if not is_int(value) or (minimum is not None and value < minimum):
-            rule = "must be a whole number" + (f" >= {minimum}" if minimum is not None else "")
-            self.error(path, value, rule)
+    def integer(
+        self, path: str, value: Any, minimum: int | None = None, maximum: int | None = None
+    ) -> int | None:
+        problem = number_problem(value, True, minimum, maximum)
+        if problem:
+            self.error(path, value, problem)
             return None
         return value
 
     def number(
-        self, path: str, value: Any, low: float | None = None, high: float | None = None, open_low=True
+        self,
+        path: str,
+        value: Any,
+        low: float | None = None,
+        high: float | None = None,
+        open_low: bool = True,
+        open_high: bool = False,
     ) -> float | None:
-        ok = is_number(value) and (low is None or (value > low if open_low else value >= low))
-        ok = ok and (high is None or value < high)
-        if not ok:
-            lower = "" if low is None else (f" > {low}" if open_low else f" >= {low}")
-            self.error(path, value, f"must be a number{lower}" + (f" and < {high}" if high else ""))
+        problem = number_problem(value, False, low, high, open_low, open_high)
+        if problem:
+            self.error(path, value, problem)
             return None
         return float(value)
 
@@ -86,14 +93,6 @@ class Checker:
             self.error(path, value, "must be a mapping (key: value, ...)")
             return None
         return value
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def show(value: Any) -> str:

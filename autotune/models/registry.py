@@ -34,7 +34,9 @@ from transformers import (
     PretrainedConfig,
     PreTrainedModel,
 )
+from transformers.utils import logging as transformers_logging
 
+from autotune.config.numbers import number_problem
 from autotune.errors import UserError
 from autotune.models.names import MODELS
 
@@ -45,6 +47,7 @@ __all__ = [
     "build_critic",
     "build_reward_model",
     "causal_lm_config",
+    "check_architecture",
     "count_parameters",
     "critic_config",
     "init_random_",
@@ -151,6 +154,7 @@ def _local_spec(path: Path, weights: str, trust_remote_code: bool) -> ModelSpec:
             f"model directory '{path}' has no *.safetensors or *.bin weights: add them, or use random weights"
         )
     config = _load_local_config(path, trust_remote_code)
+    check_architecture(config, f"'{path / 'config.json'}'")
     tokenizer_path = path if any((path / f).is_file() for f in TOKENIZER_FILES) else None
     return ModelSpec(
         name=path.name,
@@ -164,12 +168,50 @@ def _local_spec(path: Path, weights: str, trust_remote_code: bool) -> ModelSpec:
 
 
 def _load_local_config(path: Path, trust_remote_code: bool) -> PretrainedConfig:
+    """The directory's config.json; anything transformers refuses in it (a file it cannot parse, a field of
+    the wrong type, an inconsistent architecture) is the user's to fix: one line."""
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # its warnings about the file would precede our one line
     try:
         return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
-    except (ValueError, OSError, KeyError, json.JSONDecodeError) as exc:
+    except Exception as exc:
         reason = " ".join(str(exc).split())[:200]
-        hint = "" if trust_remote_code else " (a model with custom code needs trust_remote_code)"
+        custom = any(word in reason for word in ("trust_remote_code", "Unrecognized model", "model_type"))
+        hint = (
+            " (a model with custom code needs --trust-remote-code)"
+            if custom and not trust_remote_code
+            else ""
+        )
         raise UserError(f"cannot read '{path / 'config.json'}': {reason}{hint}") from exc
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+
+
+# Sizes every architecture autotune builds must have, as positive whole numbers; optional ones when present.
+REQUIRED_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+OPTIONAL_SIZES = ("intermediate_size", "num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
+def check_architecture(config: PretrainedConfig, where: str) -> None:
+    """Refuse, in one line, a configuration that no model can be built from (before any memory arithmetic
+    divides by it): sizes that are not positive whole numbers, heads that do not split the hidden size."""
+    problems = []
+    for key in (*REQUIRED_SIZES, *OPTIONAL_SIZES):
+        value = getattr(config, key, None)
+        if value is None and key in OPTIONAL_SIZES:
+            continue
+        problem = number_problem(value, integer=True, minimum=1)
+        if problem:
+            problems.append(f"{key}={value!r}: {problem}")
+    if not problems:
+        hidden, heads = config.hidden_size, config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        if getattr(config, "head_dim", None) is None and hidden % heads:
+            problems.append(f"num_attention_heads={heads} does not divide hidden_size={hidden}")
+        if heads % kv_heads:
+            problems.append(f"num_key_value_heads={kv_heads} does not divide num_attention_heads={heads}")
+    if problems:
+        raise UserError(f"model config {where}: " + "; ".join(problems) + "; fix the model's config.json")
 
 
 def weight_files(path: Path) -> list[Path]:

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autotune.config.knobs import ProbeConfig
+from autotune.config.numbers import MAX_SECONDS, parse_float
 from autotune.errors import UserError
 from autotune.files import make_folder
 from autotune.probe.contract import ProbeSettings
@@ -67,16 +68,17 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(text: str) -> float:
-    """'8h', '90m', '1h30m', '45s' or plain seconds."""
+    """'8h', '90m', '1h30m', '45s' or plain seconds; positive, finite, at most a month."""
     stripped = text.strip().lower()
-    try:
-        return float(stripped)
-    except ValueError:
-        pass
+    if re.fullmatch(r"[\d.e+-]+|nan|inf|infinity", stripped):
+        return parse_float(stripped, "--time-budget", maximum=MAX_SECONDS)
     parts = _DURATION.findall(stripped)
     if not parts or _DURATION.sub("", stripped).strip():
         raise UserError(f"--time-budget {text!r}: expected a duration such as 8h, 90m, 1h30m or 45s")
-    return sum(float(value) * _UNIT_SECONDS[unit] for value, unit in parts)
+    seconds = sum(float(value) * _UNIT_SECONDS[unit] for value, unit in parts)
+    if not 0 < seconds <= MAX_SECONDS:
+        raise UserError(f"--time-budget {text!r}: must be more than 0 s and at most 30 days")
+    return seconds
 
 
 @dataclass

@@ -74,8 +74,9 @@ from typing import Any
 
 import yaml
 
-from autotune.config.knobs import ALGORITHMS, ProbeConfig, physical_cores
-from autotune.config.schema import MISSING, Checker, is_int, show
+from autotune.config.knobs import ALGORITHMS, MAX_KL_COEF, ProbeConfig, physical_cores
+from autotune.config.numbers import MAX_GIB, MAX_RANKS, MAX_SECONDS, is_int
+from autotune.config.schema import MISSING, Checker, show
 from autotune.errors import UserError
 
 __all__ = [
@@ -562,10 +563,14 @@ def _parse_top(check: Checker, data: dict) -> dict[str, Any]:
         check.error("model", MISSING, "missing: a registry name (`autotune models`) or a model directory")
     top["model"] = check.text("model", data.get("model"), required=True) if "model" in data else None
     top["reward_model"] = check.text("reward_model", data.get("reward_model", "function"), required=True)
-    top["gpus"] = check.integer("gpus", data.get("gpus", 1), 1)
+    top["gpus"] = check.integer("gpus", data.get("gpus", 1), 1, MAX_RANKS)
     budget = data.get("memory_budget_gib")
-    top["memory_budget_gib"] = None if budget is None else check.number("memory_budget_gib", budget, 0)
-    top["headroom"] = check.number("headroom", data.get("headroom", 0.10), 0, 1, open_low=False)
+    top["memory_budget_gib"] = (
+        None if budget is None else check.number("memory_budget_gib", budget, 0, MAX_GIB)
+    )
+    top["headroom"] = check.number(
+        "headroom", data.get("headroom", 0.10), 0, 1, open_low=False, open_high=True
+    )
     algorithm = data.get("algorithm", "ppo")
     if algorithm not in ALGORITHMS:
         check.error("algorithm", algorithm, f"must be one of {', '.join(ALGORITHMS)}")
@@ -574,7 +579,7 @@ def _parse_top(check: Checker, data: dict) -> dict[str, Any]:
     top["rollout_n"] = check.integer("rollout_n", data.get("rollout_n", 1), 1)
     if algorithm == "grpo" and top["rollout_n"] is not None and top["rollout_n"] < 2:
         check.error("rollout_n", top["rollout_n"], "GRPO normalises rewards within a group: must be >= 2")
-    top["kl_coef"] = check.number("kl_coef", data.get("kl_coef", 0.05), 0, open_low=False)
+    top["kl_coef"] = check.number("kl_coef", data.get("kl_coef", 0.05), 0, MAX_KL_COEF, open_low=False)
     top["lora"] = _parse_section(check, "lora", data.get("lora", {}), _LORA_KEYS, LoraSpec)
     top["probe"] = _parse_section(check, "probe", data.get("probe", {}), _PROBE_KEYS, ProbeSpec)
     return top
@@ -592,7 +597,7 @@ def _parse_section(check: Checker, path: str, data: Any, keys: tuple[str, ...], 
         if key == "enabled":
             values[key] = check.boolean(full, value)
         elif key == "timeout_seconds":
-            values[key] = check.number(full, value, 0)
+            values[key] = check.number(full, value, 0, MAX_SECONDS)
         else:
             values[key] = check.integer(full, value, 0 if key == "warmup" else 1)
     return cls(**{k: (getattr(default, k) if v is None else v) for k, v in values.items()})
