@@ -26,7 +26,7 @@ from autotune.errors import Unavailable
 from autotune.probe.contract import ProbeSettings
 from autotune.probe.launcher import run_probe
 from autotune.report.write import write_report
-from autotune.search.outage import keep_pending
+from autotune.search.outage import PendingFile
 from autotune.search.plan import StudyPlan
 from autotune.search.space import sample_config
 from autotune.search.storage import retrying
@@ -89,7 +89,7 @@ def _journal_tuner(tmp_path: Path, probe, patience: float):
     folder = tmp_path / "store"
     folder.mkdir(exist_ok=True)
     tuner = make_tuner(tmp_path, probe, storage=f"journal:{folder / 'study.journal'}")
-    tuner.patience, tuner.pending_path = patience, tmp_path / "out" / "pending.jsonl"
+    tuner.patience, tuner.pending = patience, PendingFile(tmp_path / "out" / "pending.jsonl")
     tuner.storage_url = f"journal:{folder / 'study.journal'}"
     return tuner, folder
 
@@ -99,7 +99,7 @@ def test_storage_away_for_a_while_is_ridden_out(tmp_path):
     tuner.probe = StorageOutage(folder, away_for=2.0)
     trial = tuner.step()
     assert trial.state.name == "COMPLETE" and trial_status(trial) in ("ok", "oom")
-    assert not tuner.pending_path.exists()
+    assert not tuner.pending.path.exists()
 
 
 def test_storage_away_for_good_keeps_the_measurement_and_the_next_run_records_it(tmp_path):
@@ -113,10 +113,10 @@ def test_storage_away_for_good_keeps_the_measurement_and_the_next_run_records_it
     time.sleep(6.5)
     # the next run: a fresh tuner on the same storage records the kept measurement without probing again
     again, _ = _journal_tuner(tmp_path, FakeProbe(), patience=60)
-    assert again.replay_pending(tuner.pending_path) == [1]
+    assert again.replay_pending(tuner.pending.path).trials == [1]
     late = again.study.trials[1]
     assert late.state.name == "COMPLETE" and late.user_attrs["recorded_late"] and again.probe.launched == []
-    assert len(finished_trials(again.study)) == 2 and not tuner.pending_path.exists()
+    assert len(finished_trials(again.study)) == 2 and not tuner.pending.path.exists()
     assert write_report(again.study, tmp_path / "report", BUDGET).files
 
 
@@ -124,9 +124,9 @@ def test_a_kept_measurement_whose_trial_was_failed_meanwhile_comes_back_as_a_new
     tuner, _ = _journal_tuner(tmp_path, FakeProbe(), patience=60)
     trial = tuner.study.ask()
     config = sample_config(tuner.space, trial)
-    keep_pending(tuner.pending_path, trial, tuner.decide(config))
+    tuner.pending.keep(trial.number, trial.params, tuner.decide(config))
     tuner.study.tell(trial, state=optuna.trial.TrialState.FAIL)  # another worker's sweep got there first
-    assert tuner.replay_pending(tuner.pending_path) == [0]
+    assert tuner.replay_pending().trials == [0]
     recorded = tuner.step()
     assert recorded.user_attrs["replay_of"] == 0 and recorded.user_attrs["config"] == config.to_dict()
     assert len(tuner.probe.launched) == 1  # only the original probe

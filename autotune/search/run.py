@@ -387,10 +387,7 @@ def probe_study(
 ) -> str:
     """Recover what dead tuners left, record what an outage kept back, then probe on every slot until
     `trials` are complete (shared by `autotune run` and `autotune worker`)."""
-    if tuner.pending_path is not None:  # before the sweep: a kept measurement completes its own trial
-        replayed = tuner.replay_pending(tuner.pending_path)
-        if replayed:
-            console.print(f"recorded the measurements kept while the storage was away (trials {replayed})")
+    replay_pending(tuner, console)  # before the sweep: a kept measurement completes its own trial
     recovered = recover_stale_trials(tuner.study)
     if recovered:
         console.print(
@@ -405,9 +402,44 @@ def probe_study(
         )
     deadline = time.monotonic() + time_budget if time_budget else None
     started = time.monotonic()
-    reason = tune(tuner, trials, deadline, console, slots)
+    try:
+        reason = tune(tuner, trials, deadline, console, slots)
+    finally:
+        keep_trying(tuner, console)
     console.print(f"stopped: {reason} after {time.monotonic() - started:.0f} s")
     return reason
+
+
+def keep_trying(tuner: Tuner, console: Console, every: float = 5.0) -> None:
+    """Measurements no file could take yet (a full disk): retry while this process lives, up to the storage
+    patience, so that freeing some space keeps them; Ctrl-C gives up (they were printed)."""
+    pending = tuner.pending
+    if not pending.unwritten or pending.flush():
+        return
+    console.print(
+        f"[yellow]{len(pending.unwritten)} measurement(s) could not be written to {pending.path}: free some "
+        f"space; retrying every {every:g} s for {tuner.patience:.0f} s (Ctrl-C gives up)[/yellow]"
+    )
+    deadline = time.monotonic() + tuner.patience
+    while time.monotonic() < deadline and not (tuner.cancel is not None and tuner.cancel.is_set()):
+        time.sleep(every)
+        if pending.flush():
+            console.print(f"the measurements kept in memory are now in {pending.path}")
+            return
+
+
+def replay_pending(tuner: Tuner, console: Console) -> None:
+    """Record what an earlier run kept in the pending file; put aside what cannot be read, and say so."""
+    if tuner.pending.path is None:
+        return
+    replay = tuner.replay_pending()
+    if replay.trials:
+        console.print(f"recorded the measurements kept while the storage was away (trials {replay.trials})")
+    if replay.damaged:
+        console.print(
+            f"[yellow]{replay.damaged_lines} line(s) of {tuner.pending.path} could not be read: kept aside "
+            f"in {replay.damaged}, not recorded[/yellow]"
+        )
 
 
 def print_summary(tuner: Tuner, console: Console, error: float | None, count: int) -> None:

@@ -126,11 +126,14 @@ def make_storage(
     remember_password(url)
     path = journal_path(url)
     if path is not None:
-        from optuna.storages.journal import JournalFileBackend, JournalStorage
+        from optuna.storages.journal import JournalStorage
+
+        from autotune.search.journal import SafeJournalFileBackend, check_journal
 
         if not path.parent.is_dir():
             raise UserError(f"--storage {url}: folder {path.parent} does not exist; create it first")
-        return JournalStorage(JournalFileBackend(str(path)))
+        check_journal(path)
+        return JournalStorage(SafeJournalFileBackend(str(path)))
     with warnings.catch_warnings():  # "experimental" in Optuna; they are how dead workers are found
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.storages.RDBStorage(

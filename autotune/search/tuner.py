@@ -47,9 +47,11 @@ class Tuner:
     cancel: threading.Event | None = None  # set by a second Ctrl-C: stop waiting for the storage too
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _claims: Claims = field(init=False, repr=False)
+    pending: outage.PendingFile = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._claims = Claims(self.study, lambda trial: sample_config(self.space, trial))
+        self.pending = outage.PendingFile(self.pending_path)
 
     def step(
         self, cancel=None, settings: ProbeSettings | None = None, quota: int | None = None
@@ -90,10 +92,10 @@ class Tuner:
         return record_outcome(self.study, trial, outcome, self.budget)
 
     def record_or_keep(self, trial: optuna.Trial, outcome: Outcome) -> FrozenTrial:
-        return outage.record_or_keep(self.study, trial, outcome, self.record, self.retry, self.pending_path)
+        return outage.record_or_keep(self.study, trial, outcome, self.record, self.retry, self.pending)
 
-    def replay_pending(self, path: Path) -> list[int]:
-        return outage.replay_pending(self.study, path, self.record)
+    def replay_pending(self, path: Path | None = None) -> outage.Replay:
+        return outage.replay_pending(self.study, path or self.pending.path, self.record)
 
     def retry(self, operation, what: str):
         url = self.storage_url or "the study's storage"
