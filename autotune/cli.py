@@ -362,7 +362,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from autotune.search.run import RunOptions, parse_duration, run_study
+    from autotune.search.prepare import RunOptions, parse_duration
+    from autotune.search.run import run_study
 
     budget = parse_duration(args.time_budget) if args.time_budget else None
     return run_study(
@@ -371,7 +372,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from autotune.search.run import parse_duration
+    from autotune.search.prepare import parse_duration
     from autotune.search.worker import WorkerOptions, run_worker
 
     budget = parse_duration(args.time_budget) if args.time_budget else None

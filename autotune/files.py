@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from autotune.errors import UserError
 
-__all__ = ["make_folder", "write_whole"]
+__all__ = ["hold_lock", "make_folder", "write_whole"]
 
 
 def make_folder(path: Path, option: str = "--out") -> Path:
@@ -20,6 +23,26 @@ def make_folder(path: Path, option: str = "--out") -> Path:
             f"{option}: cannot create {path} ({exc.strerror}); choose a writable folder"
         ) from None
     return path
+
+
+@contextlib.contextmanager
+def hold_lock(path: Path, refusal: str) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (with our pid in it) while the block runs; the kernel releases it when
+    the process dies. Taken already: a UserError of `refusal` with the holder's pid appended."""
+    with path.open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise UserError(f"{refusal} (pid {holder})") from None
+        handle.truncate(0)
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def write_whole(path: Path, text: str) -> None:

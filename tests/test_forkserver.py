@@ -178,6 +178,7 @@ def test_server_dying_mid_probe_then_fallback_then_a_new_server(server, tmp_path
     result = run_probe(ProbeConfig(), FAST, program=killer)
     assert time.monotonic() - started < 20  # the rank died with the server: no waiting for the timeout
     assert result.status == "crashed" and "SIGKILL" in result.message
+    assert result.infrastructure and "fork server exited during the probe" in result.message
     assert "fork server exited" in result.stderr_tail
     assert not server.alive
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,13 @@ PRUNED = {"oom", "predicted_oom", "inferred_oom"}
 
 def load(out: Path, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{out / name / 'study.db'}")
+
+
+def default_name(out: Path) -> str:
+    """The study `run` named by default: space, model, GPUs and the fingerprint of what it measures."""
+    (folder,) = out.glob("cpu-tiny-tiny-llama-1gpu-*")
+    assert re.fullmatch(r"cpu-tiny-tiny-llama-1gpu-[0-9a-f]{8}", folder.name), folder.name
+    return folder.name
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +59,7 @@ def twelve_trials(tmp_path_factory):
 def test_twelve_trials_with_ok_and_pruned_statuses(twelve_trials):
     proc, out, seconds = twelve_trials
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    study = load(out, "cpu-tiny-tiny-llama-1gpu")
+    study = load(out, default_name(out))
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(complete) == 12
     statuses = {t.user_attrs["status"] for t in complete}
@@ -62,7 +70,7 @@ def test_twelve_trials_with_ok_and_pruned_statuses(twelve_trials):
 
 def test_run_writes_the_report_with_the_chosen_trials_figures(twelve_trials):
     _, out, _ = twelve_trials
-    folder = out / "cpu-tiny-tiny-llama-1gpu"
+    folder = out / default_name(out)
     for name in ("best_config.yaml", "verl_overrides.txt", "trials.csv", "report.md", "report.html"):
         assert (folder / name).is_file(), name
     best = yaml.safe_load((folder / "best_config.yaml").read_text())
@@ -79,7 +87,7 @@ def test_run_writes_the_report_with_the_chosen_trials_figures(twelve_trials):
     assert all(key in best for key in seed_keys)
     knobs = {key: best[key] for key in seed_keys[:-1]}
     assert config_findings(ProbeConfig(**knobs), best["measured"]["gpus"]) == []
-    trial = load(out, "cpu-tiny-tiny-llama-1gpu").trials[best["measured"]["trial_number"]]
+    trial = load(out, default_name(out)).trials[best["measured"]["trial_number"]]
     assert trial.user_attrs["status"] == "ok"
     assert best["measured"]["samples_per_sec"] == trial.values[0]
     assert best["measured"]["peak_memory_bytes"] == trial.values[1]
@@ -89,7 +97,7 @@ def test_run_writes_the_report_with_the_chosen_trials_figures(twelve_trials):
 
 def test_optunas_own_cli_reads_the_study(twelve_trials):
     _, out, _ = twelve_trials
-    db = out / "cpu-tiny-tiny-llama-1gpu" / "study.db"
+    db = out / default_name(out) / "study.db"
     optuna_cli = Path(sys.executable).with_name("optuna")
     proc = subprocess.run(
         [
@@ -98,7 +106,7 @@ def test_optunas_own_cli_reads_the_study(twelve_trials):
             "--storage",
             f"sqlite:///{db}",
             "--study-name",
-            "cpu-tiny-tiny-llama-1gpu",
+            default_name(out),
             "-f",
             "json",
         ],
@@ -202,20 +210,22 @@ def test_bad_input_to_run_is_one_line_per_problem_and_exit_2(tmp_path):
     assert optuna.load_study(study_name="taken", storage=f"sqlite:///{other}").directions  # untouched
 
 
-def test_ctrl_c_finishes_the_running_probe_then_stops(tmp_path):
+@pytest.mark.parametrize(("signum", "said"), [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
+def test_ctrl_c_or_sigterm_finishes_the_running_probe_then_stops_with_the_report(tmp_path, signum, said):
     name = "interrupted"
     command = tuner_command(tmp_path, name, trials=5)
     tuner = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert _wait_for(lambda: "RUNNING" in _states(tmp_path, name), 300)
-        tuner.send_signal(signal.SIGINT)
+        tuner.send_signal(signum)
         stdout, _ = tuner.communicate(timeout=300)
     finally:
         if tuner.poll() is None:
             tuner.kill()
-    assert "finishing the running probe" in stdout and "stopped by Ctrl-C" in stdout
+    assert "finishing the running probe" in stdout and f"stopped by {said}" in stdout
     states = _states(tmp_path, name)
     assert states == ["COMPLETE"]  # the running probe finished and was recorded; nothing else started
+    assert (tmp_path / name / "report.md").is_file()
 
 
 def test_report_of_a_missing_study_is_one_line_and_exit_2(tmp_path):
@@ -225,7 +235,7 @@ def test_report_of_a_missing_study_is_one_line_and_exit_2(tmp_path):
 
 def test_report_confirm_reprobes_the_winner(twelve_trials):
     _, out, _ = twelve_trials
-    name = "cpu-tiny-tiny-llama-1gpu"
+    name = default_name(out)
     proc = run_cli(
         "report",
         "--study",

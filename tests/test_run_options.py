@@ -1,7 +1,7 @@
 import pytest
 
 from autotune.errors import UserError
-from autotune.search.run import default_study_name, parse_duration
+from autotune.search.prepare import default_study_name, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -19,4 +19,7 @@ def test_bad_durations(text):
 
 
 def test_study_name_from_a_model_directory():
-    assert default_study_name("cpu-tiny", "/models/My Model/", 2) == "cpu-tiny-My-Model-2gpu"
+    assert (
+        default_study_name("cpu-tiny", "/models/My Model/", 2, "0a1b2c3d")
+        == "cpu-tiny-My-Model-2gpu-0a1b2c3d"
+    )

@@ -134,3 +134,20 @@ def test_status_counts_and_resume_keep_every_trial(tmp_path):
     again = make_tuner(tmp_path, FakeProbe(), storage=storage)
     assert len(finished_trials(again.study)) == 4
     assert sum(status_counts(again.study).values()) == 4
+
+
+def test_a_probe_lost_with_its_fork_server_is_retried_with_its_hand_made_label(tmp_path):
+    """Not a property of the configuration: interrupted (FAIL), queued once more, the seed label kept."""
+
+    def lost(config, settings, cancel=None):
+        return ProbeResult(status="crashed", message="the fork server exited", infrastructure=True)
+
+    tuner = make_tuner(tmp_path, lost)
+    enqueue_seed_configs(tuner.study, tuner.space)
+    first = tuner.step()
+    assert first.user_attrs["status"] == "interrupted" and first.state.name == "FAIL"
+    tuner.probe = FakeProbe()
+    retry = tuner.step()
+    assert retry.user_attrs["retry_of"] == first.number
+    assert retry.user_attrs["seed_config"] == first.user_attrs["seed_config"]
+    assert retry.user_attrs["config"] == first.user_attrs["config"] and retry.user_attrs["status"] == "ok"

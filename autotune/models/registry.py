@@ -18,6 +18,7 @@ import contextlib
 import copy
 import difflib
 import functools
+import hashlib
 import json
 import math
 from collections.abc import Iterator
@@ -212,6 +213,22 @@ def check_architecture(config: PretrainedConfig, where: str) -> None:
             problems.append(f"num_key_value_heads={kv_heads} does not divide num_attention_heads={heads}")
     if problems:
         raise UserError(f"model config {where}: " + "; ".join(problems) + "; fix the model's config.json")
+
+
+# Keys of a config that do not change the model built from it (versions, paths, the stored dtype: the probe
+# chooses its own dtypes).
+NOT_ARCHITECTURE = {"transformers_version", "_name_or_path", "_commit_hash", "torch_dtype", "dtype"}
+
+
+def fingerprint(spec: ModelSpec) -> str:
+    """What a study measured, not where it came from: a hash of the architecture (config.json's content
+    less NOT_ARCHITECTURE) and of the weights used (random, or the local files' names and sizes)."""
+    config = {k: v for k, v in spec.config.to_dict().items() if k not in NOT_ARCHITECTURE}
+    weights = spec.weights
+    if spec.weights == "pretrained" and spec.path is not None:
+        weights += ":" + ",".join(f"{p.name}={p.stat().st_size}" for p in weight_files(spec.path))
+    text = json.dumps({"config": config, "weights": weights}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def weight_files(path: Path) -> list[Path]:

@@ -65,6 +65,9 @@ class ProbeResult:
     environment: dict[str, Any] = field(default_factory=dict)
     message: str = ""
     stderr_tail: str = ""
+    # True when the probe could not run for a reason outside the configuration (its fork server died):
+    # the trial is retried, not recorded as a crash of the configuration.
+    infrastructure: bool = False
 
     @property
     def peak_memory_gib(self) -> float:

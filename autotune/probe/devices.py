@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from autotune.errors import UserError
 
-__all__ = ["DEVICES", "resolve_device"]
+__all__ = ["DEVICES", "device_label", "resolve_device"]
 
 DEVICES = ("auto", "cpu", "cuda")
+
+
+def device_label(device: str) -> str:
+    """The device a study measures on: 'cpu', or 'cuda' with the card's name (timings of two cards differ)."""
+    if device != "cuda":
+        return device
+    import torch
+
+    return f"cuda {torch.cuda.get_device_name(0)}"
 
 
 def resolve_device(requested: str, gpus: int) -> str:

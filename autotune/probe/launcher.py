@@ -186,6 +186,7 @@ def run_probe(
         server = forkserver.get()  # started once per tuner, before the clock: not this probe's cost
         started = time.monotonic()
         procs = _spawn_ranks(job_path, out_dir, settings, program, server)
+        forked = [p for p in procs if isinstance(p, ForkedRank)]
         try:
             timed_out = _wait(procs, settings.timeout_seconds, cancel)
         finally:
@@ -196,9 +197,15 @@ def run_probe(
         rank_results = [_read_json(out_dir / f"result.rank{r}.json") for r in range(settings.world_size)]
         # A rank we killed after the deadline has a meaningless exit code: only the timeout counts then.
         codes = [p.returncode for p in procs]
-        return summarize(
+        result = summarize(
             config, settings, rank_results, codes, timed_out, wall, _stderr_tail(out_dir, len(procs))
         )
+        if result.status == Status.CRASHED and server is not None and not server.alive and procs[0] in forked:
+            # The fork server died (killed, or out of memory itself) and its ranks with it: no verdict on
+            # the configuration. The next probe gets a new server.
+            result.infrastructure = True
+            result.message = f"the fork server exited during the probe and took its ranks: {result.message}"
+        return result
 
 
 def summarize(

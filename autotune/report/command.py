@@ -15,7 +15,7 @@ from autotune.probe.launcher import run_probe
 from autotune.report.selection import select
 from autotune.report.write import study_plan, write_report
 from autotune.search.storage import default_storage_url
-from autotune.search.study import Budget, open_study, trial_config
+from autotune.search.study import Budget, check_study_name, open_study, trial_config
 from autotune.status import Status, StudyAttr
 from autotune.units import GIB
 
@@ -92,6 +92,7 @@ def confirm_winner(
 
 def report_study(options: ReportOptions, console: Console | None = None) -> int:
     console = console or Console()
+    check_study_name(options.study)
     storage = options.storage or default_storage(options.out, options.study)
     study = load_existing_study(storage, options.study)
     budget = study_plan(study).budget

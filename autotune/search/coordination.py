@@ -38,6 +38,7 @@ __all__ = [
     "heartbeat",
     "heartbeat_interval",
     "recover_stale_trials",
+    "retry_once",
     "retry_stale_trial",
 ]
 
@@ -175,8 +176,15 @@ def _tuner_alive(attrs: dict[str, Any]) -> bool:
 def _requeue_once(study: optuna.Study, trial: FrozenTrial) -> None:
     """Enqueue a dead tuner's trial once more, unless it was itself a retry (a config that kills the tuner
     twice is recorded as failed, not re-run forever)."""
-    if not trial.user_attrs.get(Attr.RETRY_OF) and trial.params:
-        study.enqueue_trial(trial.params, user_attrs={Attr.RETRY_OF: trial.number})
+    if Attr.RETRY_OF not in trial.user_attrs and trial.params:
+        retry_once(study, trial.params, trial.number, trial.user_attrs)
+
+
+def retry_once(study: optuna.Study, params: dict[str, Any], number: int, attrs: dict[str, Any]) -> None:
+    """Queue an interrupted trial's configuration again, with its hand-made label if it had one (the report's
+    gain over the hand-made config needs the label); a retry is not retried again."""
+    label = {Attr.SEED_CONFIG: attrs[Attr.SEED_CONFIG]} if attrs.get(Attr.SEED_CONFIG) else {}
+    study.enqueue_trial(params, user_attrs={Attr.RETRY_OF: number, **label})
 
 
 def retry_stale_trial(study: optuna.Study, trial: FrozenTrial) -> None:

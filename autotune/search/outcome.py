@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.knobs import ProbeConfig
 from autotune.probe.contract import ProbeResult
+from autotune.search.coordination import retry_once
 from autotune.search.study import Budget
 from autotune.status import FAILED, Attr, Status
 
@@ -66,7 +67,8 @@ def outcome_from_result(config: ProbeConfig, result: ProbeResult, budget: Budget
         return Outcome(Status.OOM, config, 0.0, peak, result, attrs)
     if result.status == Status.TIMEOUT:
         return Outcome(Status.TIMEOUT, config, 0.0, max(result.peak_memory_bytes, 0), result, attrs)
-    return Outcome(Status.CRASHED, config, 0.0, result.peak_memory_bytes, result, attrs)
+    status = Status.INTERRUPTED if result.infrastructure else Status.CRASHED
+    return Outcome(status, config, 0.0, result.peak_memory_bytes, result, attrs)
 
 
 def _result_attrs(result: ProbeResult) -> dict[str, Any]:
@@ -88,8 +90,8 @@ def record_outcome(study: optuna.Study, trial: optuna.Trial, outcome: Outcome, b
         trial.set_user_attr(key, value)
     if outcome.status in FAILED:
         study.tell(trial, state=TrialState.FAIL)
-        if outcome.status == Status.INTERRUPTED:  # measured on the next run of the same command
-            study.enqueue_trial(trial.params, user_attrs={Attr.RETRY_OF: trial.number})
+        if outcome.status == Status.INTERRUPTED and Attr.RETRY_OF not in trial.user_attrs:
+            retry_once(study, trial.params, trial.number, trial.user_attrs)  # measured by a later step
     else:
         trial.set_constraint("memory", outcome.peak_bytes - budget.limit)
         trial.set_constraint("runs", 0.0 if outcome.status == Status.OK else 1.0)

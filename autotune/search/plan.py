@@ -18,11 +18,12 @@ from typing import Any
 
 import optuna
 
+from autotune.errors import UserError
 from autotune.probe.contract import ProbeSettings
 from autotune.search.study import Budget
 from autotune.status import StudyAttr
 
-__all__ = ["LOCAL_SETTINGS", "StudyPlan"]
+__all__ = ["LOCAL_SETTINGS", "StudyPlan", "check_same_job"]
 
 LOCAL_SETTINGS = ("device", "visible_devices", "threads_per_rank", "trust_remote_code")
 # What studies made before the plan existed stored instead (read, never written).
@@ -40,9 +41,17 @@ class StudyPlan:
     space: dict[str, Any] = field(default_factory=dict)  # the space's YAML as run resolved it
     settings: dict[str, Any] = field(default_factory=dict)  # ProbeSettings less LOCAL_SETTINGS
     trials: int | None = None
+    identity: dict[str, Any] = field(default_factory=dict)  # what the measurements depend on
 
     @classmethod
-    def of(cls, space: Any, settings: ProbeSettings, budget: Budget, trials: int) -> StudyPlan:
+    def of(
+        cls,
+        space: Any,
+        settings: ProbeSettings,
+        budget: Budget,
+        trials: int,
+        identity: dict[str, Any] | None = None,
+    ) -> StudyPlan:
         shared = {k: v for k, v in dataclasses.asdict(settings).items() if k not in LOCAL_SETTINGS}
         return cls(
             model=space.model,
@@ -54,6 +63,7 @@ class StudyPlan:
             space=dict(space.raw),
             settings=shared,
             trials=trials,
+            identity=dict(identity or {}),
         )
 
     @property
@@ -73,6 +83,24 @@ class StudyPlan:
         if StudyAttr.PLAN in attrs:
             return cls(**attrs[StudyAttr.PLAN])
         return _legacy(attrs.get(_LEGACY_PROBE_PLAN) or {}, attrs.get(_LEGACY_CONTEXT) or {})
+
+
+def check_same_job(
+    study: optuna.Study, identity: dict[str, Any], keys: tuple[str, ...] | None = None
+) -> None:
+    """Refuse to add to a study measurements of another job: one line naming the first difference.
+
+    `keys` limits the comparison (a worker brings its own device and models, not its own budget)."""
+    stored = StudyPlan.load(study)
+    if stored is None or not stored.identity or not study.get_trials(deepcopy=False):
+        return
+    for key in keys or tuple(identity):
+        if stored.identity.get(key) != identity.get(key):
+            raise UserError(
+                f"study {study.study_name!r} measured {key} {stored.identity.get(key)!r}, this run has "
+                f"{identity.get(key)!r}: its trials would be mixed with another job's; start another study "
+                f"(--study NEW) or use the study's own settings"
+            )
 
 
 def _legacy(probe_plan: dict[str, Any], context: dict[str, Any]) -> StudyPlan | None:

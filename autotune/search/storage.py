@@ -37,6 +37,7 @@ __all__ = [
     "remember_password",
     "retrying",
     "scrub",
+    "sqlite_path",
     "transient",
 ]
 
@@ -91,6 +92,13 @@ def journal_path(url: str) -> Path | None:
 
 def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite:")
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of an SQLite URL (sqlite:///relative or sqlite:////absolute), else None."""
+    if not url.startswith("sqlite:///") or url.startswith("sqlite:///:memory:"):
+        return None
+    return Path(url.removeprefix("sqlite:///")).expanduser()
 
 
 def check_parallel_safe(url: str, writers: int, by_default: bool = False) -> None:

@@ -7,6 +7,7 @@ see docs/design.md, "Statuses", for how every outcome is recorded so that the sa
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import warnings
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ __all__ = [
     "DIRECTIONS",
     "METRIC_NAMES",
     "Budget",
+    "check_study_name",
     "config_key",
     "describe_budget",
     "enqueue_seed_configs",
@@ -42,6 +44,19 @@ DIRECTIONS = [optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.
 METRIC_NAMES = ["samples_per_sec", "peak_memory_bytes"]
 # We record heartbeats ourselves around each probe (see autotune.search.coordination), with ask/tell.
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+
+
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,119}")
+
+
+def check_study_name(name: str) -> str:
+    """A study name is a name, not a path: it names a folder under --out and must stay there."""
+    if not STUDY_NAME.fullmatch(name) or ".." in name:
+        raise UserError(
+            f"--study {name!r}: a study name is 1 to 120 letters, digits, '.', '_' or '-', starting with a "
+            f"letter or digit (no '/', no '..'); choose e.g. --study my-study"
+        )
+    return name
 
 
 @dataclass

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from autotune.errors import UserError
 from autotune.probe.contract import ProbeSettings
-from autotune.search.plan import StudyPlan
+from autotune.search.plan import StudyPlan, check_same_job
 from autotune.search.storage import check_parallel_safe, redact
 
 __all__ = ["WorkerOptions", "run_worker", "stored_plan", "worker_settings"]
@@ -56,15 +56,17 @@ def worker_settings(plan: StudyPlan, device: str, trust_remote_code: bool) -> Pr
 def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     from autotune.memory.model import Architecture, MemoryModel
     from autotune.models.registry import resolve_model, resolve_reward_model
-    from autotune.probe.devices import resolve_device
+    from autotune.probe.devices import device_label, resolve_device
+    from autotune.search.loop import print_summary, probe_study
     from autotune.search.outage import PENDING_FILE
-    from autotune.search.run import print_summary, probe_study
+    from autotune.search.prepare import machine_identity
     from autotune.search.slots import plan_slots
     from autotune.search.space import space_from_dict
-    from autotune.search.study import finished_trials, memory_model_error, open_study
+    from autotune.search.study import check_study_name, finished_trials, memory_model_error, open_study
     from autotune.search.tuner import Tuner
 
     console = console or Console()
+    check_study_name(options.study)
     check_parallel_safe(options.storage, writers=2)  # a worker always shares the study with another
     study = open_study(options.storage, options.study, seed=None, create=False)  # seeds differ per worker
     plan = stored_plan(study, options.study, options.storage)
@@ -77,9 +79,10 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     device = resolve_device(options.device, space.gpus)
     settings = worker_settings(plan, device, options.trust_remote_code)
     actor = resolve_model(space.model, settings.weights, options.trust_remote_code)
-    model = MemoryModel(
-        Architecture.from_specs(actor, resolve_reward_model(space.reward_model)), space.gpus, device
-    )
+    reward = resolve_reward_model(space.reward_model)
+    here = machine_identity(actor, reward, device_label(device), space.gpus)  # the study's job, or another?
+    check_same_job(study, here, keys=tuple(here))
+    model = MemoryModel(Architecture.from_specs(actor, reward), space.gpus, device)
     budget = plan.budget
     slots = plan_slots(options.parallel, space.gpus, device)
     trials = options.trials or int(plan.trials or 0)

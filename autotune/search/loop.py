@@ -1,0 +1,266 @@
+"""The probe loop `autotune run` and `autotune worker` share: P probe slots on one tuner until the trial count
+is complete, with Ctrl-C (or SIGTERM) to stop, a live status line, and what an outage or a dead tuner left."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from autotune.report.selection import best_feasible
+from autotune.search.coordination import SWEEP_SECONDS, recover_stale_trials
+from autotune.search.slots import Slot, oversubscribed
+from autotune.search.study import finished_trials, status_counts, trial_status
+from autotune.search.tuner import Tuner
+from autotune.status import Attr, Status
+from autotune.units import GIB
+
+__all__ = [
+    "CRASH_STREAK_LIMIT",
+    "SlotLoop",
+    "StopControl",
+    "keep_trying",
+    "print_summary",
+    "probe_study",
+    "progress_line",
+    "replay_pending",
+    "tune",
+]
+
+
+class StopControl:
+    """First Ctrl-C (or SIGTERM, as a scheduler or `kill` sends): finish the running probe, write the report,
+    stop. Second: kill the probe now; the study stays resumable."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.stop_requested = False
+        self.stop_reason = ""
+        self.cancel = threading.Event()
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopControl:
+        self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum, frame) -> None:
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if self.stop_requested:
+            self.cancel.set()
+            self.console.print(
+                f"[red]{name} again: killing the running probe; the study stays resumable[/red]"
+            )
+            return
+        self.stop_requested = True
+        self.stop_reason = f"stopped by {name}"
+        self.console.print(
+            f"[yellow]{name}: finishing the running probe, then stopping ({name} again kills it)[/yellow]"
+        )
+
+
+def progress_line(tuner: Tuner) -> str:
+    counts = status_counts(tuner.study)
+    shown = " ".join(f"{status}={count}" for status, count in sorted(counts.items()))
+    best = best_feasible(tuner.study, tuner.budget)
+    best_text = (
+        f"best {best.values[0]:.2f} samples/s @ {best.values[1] / GIB:.2f} GiB (#{best.number})"
+        if best
+        else "no feasible trial yet"
+    )
+    return f"{shown} | {best_text}"
+
+
+CRASH_STREAK_LIMIT = 5  # probes in a row that crash: something is wrong with the setup, not the configs
+
+
+@dataclass
+class SlotLoop:
+    """What the probe slots share: when to stop, why, and the first error one of them hit."""
+
+    tuner: Tuner
+    trials: int
+    deadline: float | None
+    control: StopControl
+    stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+    reason: str = ""
+    error: BaseException | None = None
+    crash_streak: int = 0
+    last_crash: str = ""
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def halt(self, reason: str, error: BaseException | None = None) -> None:
+        with self._lock:
+            if not self.reason:
+                self.reason, self.error = reason, error
+            self.stop.set()
+
+    def should_stop(self) -> bool:
+        if self.control.stop_requested:
+            self.halt(self.control.stop_reason)
+        elif self.deadline is not None and time.monotonic() >= self.deadline:
+            self.halt("time budget spent")
+        return self.stop.is_set()
+
+    def note(self, trial) -> None:
+        """Count crashes in a row across slots; stop the study when they say the setup is broken."""
+        with self._lock:
+            if trial_status(trial) != Status.CRASHED:
+                self.crash_streak = 0
+                return
+            self.crash_streak += 1
+            message = (trial.user_attrs.get(Attr.RESULT) or {}).get("message", "")
+            self.last_crash = f"trial #{trial.number}: {message}".strip(": ")
+        if self.crash_streak >= CRASH_STREAK_LIMIT:
+            self.halt(
+                f"{self.crash_streak} probes in a row crashed (last {self.last_crash}); see the stderr "
+                f"tails in trials.csv"
+            )
+
+    def run_slot(self, slot: Slot) -> None:
+        settings = slot.apply(self.tuner.settings)
+        last_sweep = time.monotonic()
+        try:
+            while not self.should_stop():
+                trial = self.tuner.step(cancel=self.control.cancel, settings=settings, quota=self.trials)
+                if trial is not None:
+                    self.note(trial)
+                    continue
+                study, retry = self.tuner.study, self.tuner.retry
+                if len(retry(functools.partial(finished_trials, study), "counting trials")) >= self.trials:
+                    self.halt("trial count reached")
+                    return
+                # The quota is taken by running trials (other slots' or workers'): wait; one may fail.
+                self.stop.wait(1.0)
+                if time.monotonic() - last_sweep > SWEEP_SECONDS:
+                    retry(functools.partial(recover_stale_trials, study), "sweeping dead workers' trials")
+                    last_sweep = time.monotonic()
+        except Exception as exc:  # the storage gave up, most likely: stop the other slots too
+            self.halt(f"error in {slot.describe()}", exc)
+
+
+def tune(
+    tuner: Tuner, trials: int, deadline: float | None, console: Console, slots: list[Slot] | None = None
+) -> str:
+    """Run trials on every slot until `trials` are complete; returns why it stopped (raises the first
+    error a slot hit, such as the storage going away for good, once every slot has stopped)."""
+    slots = slots or [Slot(0)]
+    with (
+        StopControl(console) as control,
+        Progress(
+            TextColumn("[bold]trials"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=console,
+            transient=False,
+        ) as progress,
+    ):
+        loop = SlotLoop(tuner, trials, deadline, control)
+        tuner.cancel = control.cancel
+        task = progress.add_task(
+            progress_line(tuner), total=trials, completed=len(finished_trials(tuner.study))
+        )
+        threads = [
+            threading.Thread(target=loop.run_slot, args=(slot,), name=f"slot-{slot.index}", daemon=True)
+            for slot in slots
+        ]
+        for thread in threads:
+            thread.start()
+        while any(thread.is_alive() for thread in threads):
+            for thread in threads:
+                thread.join(timeout=0.5 / len(threads))
+            with contextlib.suppress(Exception):  # a storage outage: the slots report it
+                progress.update(
+                    task, completed=len(finished_trials(tuner.study)), description=progress_line(tuner)
+                )
+    if loop.error is not None:
+        raise loop.error
+    if control.cancel.is_set():
+        return "probe killed by a second Ctrl-C"
+    return loop.reason or "trial count reached"
+
+
+def probe_study(
+    tuner: Tuner, trials: int, time_budget: float | None, slots: list[Slot], console: Console
+) -> str:
+    """Recover what dead tuners left, record what an outage kept back, then probe on every slot until
+    `trials` are complete (shared by `autotune run` and `autotune worker`)."""
+    replay_pending(tuner, console)  # before the sweep: a kept measurement completes its own trial
+    recovered = recover_stale_trials(tuner.study)
+    if recovered:
+        console.print(
+            f"recovered trials {recovered} left RUNNING by a tuner that died: marked failed, re-queued"
+        )
+    if len(slots) > 1:
+        console.print(f"{len(slots)} probes at a time: " + "; ".join(slot.describe() for slot in slots))
+    if oversubscribed(slots, tuner.space.gpus):
+        console.print(
+            f"[yellow]{len(slots)} probes × {tuner.space.gpus} ranks exceed the {os.cpu_count()} cores: "
+            f"timings will mostly measure waiting; lower --parallel[/yellow]"
+        )
+    deadline = time.monotonic() + time_budget if time_budget else None
+    started = time.monotonic()
+    try:
+        reason = tune(tuner, trials, deadline, console, slots)
+    finally:
+        keep_trying(tuner, console)
+    console.print(f"stopped: {reason} after {time.monotonic() - started:.0f} s")
+    return reason
+
+
+def keep_trying(tuner: Tuner, console: Console, every: float = 5.0) -> None:
+    """Measurements no file could take yet (a full disk): retry while this process lives, up to the storage
+    patience, so that freeing some space keeps them; Ctrl-C gives up (they were printed)."""
+    pending = tuner.pending
+    if not pending.unwritten or pending.flush():
+        return
+    console.print(
+        f"[yellow]{len(pending.unwritten)} measurement(s) could not be written to {pending.path}: free some "
+        f"space; retrying every {every:g} s for {tuner.patience:.0f} s (Ctrl-C gives up)[/yellow]"
+    )
+    deadline = time.monotonic() + tuner.patience
+    while time.monotonic() < deadline and not (tuner.cancel is not None and tuner.cancel.is_set()):
+        time.sleep(every)
+        if pending.flush():
+            console.print(f"the measurements kept in memory are now in {pending.path}")
+            return
+
+
+def replay_pending(tuner: Tuner, console: Console) -> None:
+    """Record what an earlier run kept in the pending file; put aside what cannot be read, and say so."""
+    if tuner.pending.path is None:
+        return
+    replay = tuner.replay_pending()
+    if replay.trials:
+        console.print(f"recorded the measurements kept while the storage was away (trials {replay.trials})")
+    if replay.damaged:
+        console.print(
+            f"[yellow]{replay.damaged_lines} line(s) of {tuner.pending.path} could not be read: kept aside "
+            f"in {replay.damaged}, not recorded[/yellow]"
+        )
+
+
+def print_summary(tuner: Tuner, console: Console, error: float | None, count: int) -> None:
+    counts = status_counts(tuner.study)
+    console.print("trials by status: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    if error is None:
+        console.print("memory model: no probe was measured after calibration yet")
+    else:
+        console.print(
+            f"memory model: median relative error {error:.1%} over {count} probes predicted after calibration"
+        )
