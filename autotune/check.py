@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.config.knobs import ProbeConfig
-from autotune.config.rules import Finding, config_findings, position_findings, problems, worker_findings
+from autotune.config.rules import (
+    Finding,
+    config_findings,
+    position_findings,
+    problems,
+    value_findings,
+    worker_findings,
+)
 from autotune.formats.read import read_target
 from autotune.formats.target import Target
 from autotune.memory.advice import first_aid, shorter_lengths
@@ -104,7 +111,10 @@ class CheckResult:
 def _rule_findings(config: ProbeConfig, gpus: int, cores: int | None, verl: bool) -> list[Finding]:
     """The configuration rules; an override file is judged by verl's own rules instead of the divisibility
     rules (the same rules in verl's terms), and the cores by a note when they are this machine's."""
-    found = worker_findings(config, cores) if verl else config_findings(config, gpus, cores)
+    if verl:  # the sizes' bounds hold for any config; the divisibility rules are verl's own, checked apart
+        found = value_findings(config) + worker_findings(config, cores)
+    else:
+        found = config_findings(config, gpus, cores)
     if cores is None and not any(f.check == "workers" for f in found):
         found.append(
             Finding(

@@ -3,7 +3,9 @@ override files, and bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -302,3 +304,29 @@ def test_unreadable_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert "micro_batch_size='4': must be a whole number" in _error(capsys, str(typed))
     assert "unknown GPU 'a100'" in _error(capsys, str(SCENARIO_3), "--gpu", "a100")
     assert "not allowed with argument" in _error(capsys, str(SCENARIO_3), "--gpu", "h200", "--memory", "80")
+
+
+def test_an_unknown_key_in_a_verl_override_file_is_a_finding(tmp_path):
+    values = verl_overrides(dataclasses.replace(ProbeConfig(), rollout_batch_size=16), 1).values
+    text = format_overrides(values).replace("ppo_micro_batch_size_per_gpu", "ppo_micr_batch_size_per_gpu", 1)
+    exit_code, report = _check(_write(tmp_path, text, "verl_overrides.txt"), cores=8)
+    (unknown,) = [p for p in report["problems"] if "unknown key" in p["problem"]]
+    assert exit_code == 1 and "ppo_micr_batch_size_per_gpu" in unknown["problem"]
+    assert unknown["fix"] == "rename it to actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+    added = _write(tmp_path, format_overrides(values) + "+trainer.my_note=1\n", "added.txt")
+    assert not [p for p in _check(added, cores=8)[1]["problems"] if "unknown key" in p["problem"]]
+
+
+def test_a_huge_train_batch_is_checked_without_enumerating_it(tmp_path):
+    """No rule walks a range up to the batch size: 2^40 samples is checked at once (a hang guard: the alarm
+    fails the test after 60 s instead of letting it spin for minutes)."""
+    values = verl_overrides(ProbeConfig(), 1).values
+    values["data.train_batch_size"] = 2**40
+    path = _write(tmp_path, format_overrides(values), "huge.txt")
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("check is still running after 60 s"))
+    signal.alarm(60)
+    try:
+        exit_code, report = _check(path, cores=8)
+    finally:
+        signal.alarm(0)
+    assert exit_code == 1 and any("2147483647" in p["problem"] for p in report["problems"])

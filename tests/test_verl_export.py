@@ -12,6 +12,7 @@ import dataclasses
 import importlib.util
 import itertools
 import os
+import runpy
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from autotune.formats.verl import (
     format_overrides,
     format_value,
     parse_overrides,
+    verl_keys,
     verl_overrides,
     verl_rule_violations,
 )
@@ -295,6 +297,13 @@ def compose():
 
     with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
         yield lambda overrides: hydra_compose("ppo_trainer", overrides=overrides)
+
+
+def test_the_shipped_key_list_is_verls_own_config(compose):
+    """`autotune check` flags override keys verl lacks, from a list shipped with autotune (verl is never
+    imported): the list must be exactly the keys of verl 0.9.1's composed config."""
+    tool = runpy.run_path(str(REPO / "tools" / "verl_keys.py"))
+    assert sorted(verl_keys()) == tool["keys_of"](compose([]))
 
 
 def test_verls_struct_config_rejects_an_unknown_key(compose):

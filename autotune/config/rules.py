@@ -34,6 +34,8 @@ __all__ = [
     "position_findings",
     "problems",
     "raise_for",
+    "value_findings",
+    "worker_findings",
 ]
 
 POSITIVE_KNOBS = (
@@ -92,7 +94,7 @@ def config_findings(
 ) -> list[Finding]:
     """Every rule `config` breaks on `world_size` GPUs; `cores` defaults to this machine's physical cores,
     and the position rule runs when `model_spec` (a registry ModelSpec) is given."""
-    found = _value_findings(config)
+    found = value_findings(config)
     if found:  # the divisibility rules below need positive sizes
         return found
     found += _group_findings(config, world_size)
@@ -104,7 +106,7 @@ def config_findings(
     return found
 
 
-def _value_findings(c: ProbeConfig) -> list[Finding]:
+def value_findings(c: ProbeConfig) -> list[Finding]:
     """Sizes are whole numbers >= 1 (the forward micro batch may be unset), kl_coef a finite number >= 0, the
     algorithm a known one; the same bounds as every number a user gives (`autotune.config.numbers`)."""
     bounds: dict[str, dict[str, Any]] = {key: {"integer": True, "minimum": 1} for key in POSITIVE_KNOBS}

@@ -27,14 +27,17 @@ protocol.DataProto.chunk for the agent-loop workers) are checked by the pure `ve
 
 from __future__ import annotations
 
+import difflib
+import functools
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
 from autotune.config.knobs import ProbeConfig
-from autotune.config.rules import config_findings, problems
+from autotune.config.rules import Finding, config_findings, problems
 from autotune.formats.target import Target
 
 __all__ = [
@@ -43,6 +46,8 @@ __all__ = [
     "format_overrides",
     "parse_overrides",
     "read_overrides",
+    "unknown_key_findings",
+    "verl_keys",
     "verl_overrides",
     "verl_rule_violations",
 ]
@@ -181,8 +186,10 @@ def verl_overrides(config: ProbeConfig, n_gpus: int, model_path: str | None = No
 
 
 def read_overrides(text: str) -> Target:
-    """A verl override file: verl's keys mapped back to autotune's knobs (the inverse of `verl_overrides`)."""
+    """A verl override file: verl's keys mapped back to autotune's knobs (the inverse of `verl_overrides`).
+    Keys verl's config does not have are findings: verl would refuse the file at start-up."""
     values = parse_overrides(text)
+    findings = unknown_key_findings(values)
     get = {**VERL_DEFAULTS, **values}.get
     nodes, per_node = get("trainer.nnodes"), get("trainer.n_gpus_per_node")
     gpus = per_node * nodes if isinstance(per_node, int) and isinstance(nodes, int) else None
@@ -197,8 +204,41 @@ def read_overrides(text: str) -> Target:
         sharding_label="verl FSDP, FULL_SHARD (its default)",
         offload=offload,
         gpus=gpus,
+        findings=findings,
         overrides=values,
     )
+
+
+@functools.cache
+def verl_keys() -> frozenset[str]:
+    """Every key of verl 0.9.1's composed trainer config (written by tools/verl_keys.py from verl's files)."""
+    text = resources.files("autotune.formats").joinpath("verl_keys.txt").read_text()
+    return frozenset(line for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def unknown_key_findings(values: Mapping[str, Any]) -> list[Finding]:
+    """An override of a key verl's config lacks fails verl's start-up (struct mode): a finding, with the
+    closest key; `+key` adds a key on purpose and is left alone."""
+    known, found = verl_keys(), []
+    for key in values:
+        name = key.lstrip("~")
+        if key.startswith("+") or name in known:
+            continue
+        parent = name.rpartition(".")[0]
+        siblings = [k for k in known if k.rpartition(".")[0] == parent] or sorted(known)
+        close = difflib.get_close_matches(name, siblings, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        found.append(
+            Finding(
+                "verl",
+                f"unknown key {name}: verl 0.9.1's config has no such key, so verl refuses the file{hint}",
+                f"rename it to {close[0]}"
+                if close
+                else "remove it, or write +key=value to add a key on purpose",
+                key=name,
+            )
+        )
+    return found
 
 
 def _config(get: Any, gpus: int) -> ProbeConfig | None:

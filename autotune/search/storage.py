@@ -10,6 +10,7 @@ worker fails the trials whose heartbeat went quiet (`autotune.study.recover_stal
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -18,7 +19,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote
 
 import optuna
 
@@ -54,29 +55,52 @@ GRACE_SECONDS = int(PATIENCE_SECONDS) + 300
 _PASSWORDS: set[str] = set()  # of every storage URL opened: blanked in any message, wherever it came from
 
 
+_QUERY_PASSWORD = re.compile(r"(?i)([?&]password=)([^&#]*)")
+
+
+def _userinfo(url: str) -> tuple[str, str, str | None, str]:
+    """(scheme://, user, password or None, what follows the userinfo's '@').
+
+    The userinfo ends at the *last* '@': a password may hold '/', '?', '#', ':' or '@' unencoded, which URL
+    parsers split elsewhere (urlsplit at the first '/'). Cutting at the last '@' may take a query's '@' along:
+    that only blanks more, never less."""
+    scheme, sep, rest = url.partition("://")
+    at = rest.rfind("@")
+    if not sep or at < 0:
+        return url, "", None, ""
+    user, colon, password = rest[:at].partition(":")
+    return scheme + sep, user, password if colon else None, rest[at + 1 :]
+
+
 def redact(url: str) -> str:
     """A storage URL without its password (user:password@ or ?password=), for every message and log."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if parts.password is not None:
-        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
-    query = re.sub(r"(?i)(^|&)(password=)[^&]*", r"\1\2***", parts.query)
-    if (netloc, query) == (parts.netloc, parts.query):
-        return url  # unchanged (urlunsplit would also turn sqlite:///x into sqlite:/x)
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+    head, user, password, rest = _userinfo(url)
+    if password is not None:
+        url = f"{head}{user}:***@{rest}"
+    return _QUERY_PASSWORD.sub(r"\1***", url)
 
 
 def remember_password(url: str) -> None:
-    parts = urlsplit(url)
-    passwords = [parts.password, *re.findall(r"(?i)(?:^|&)password=([^&]*)", parts.query)]
-    _PASSWORDS.update(p for p in passwords if p)
+    """Every form in which the URL's password can reach a message: as written, percent-decoded, as
+    SQLAlchemy reads it, and the host SQLAlchemy would take when an unencoded '@' splits the password."""
+    _, _, password, _ = _userinfo(url)
+    found = [password, *(value for _, value in _QUERY_PASSWORD.findall(url))]
+    found += [unquote(p) for p in found if p]
+    with contextlib.suppress(Exception):  # not an SQLAlchemy URL (journal:, a path)
+        import sqlalchemy
+
+        parsed = sqlalchemy.engine.make_url(url)
+        found += [parsed.password, *(v for k, v in parsed.query.items() if k.lower() == "password")]
+        if parsed.host and "@" in parsed.host:
+            found.append(parsed.host)
+    _PASSWORDS.update(p for p in found if isinstance(p, str) and p)
 
 
 def scrub(text: str, url: str = "") -> str:
     """`text` (a driver's error message, say) with every known storage password blanked."""
     if url:
         remember_password(url)
-    for password in _PASSWORDS:
+    for password in sorted(_PASSWORDS, key=len, reverse=True):  # a longer form before its parts
         text = text.replace(password, "***")
     return text
 
