@@ -19,6 +19,7 @@ from autotune.cli import main
 from autotune.errors import Unavailable
 from autotune.search.outage import PENDING_PREFIX, PendingFile, append_line
 from autotune.search.plan import StudyPlan
+from autotune.search.storage import file_guard
 from autotune.search.study import finished_trials, trial_status
 from tests.test_study import BUDGET, FakeProbe, make_tuner
 
@@ -132,3 +133,26 @@ def test_a_damaged_pending_file_never_stops_a_run(tmp_path):
     assert replay.trials == [0] and replay.damaged_lines == 3
     assert len(replay.damaged.read_text().splitlines()) == 3
     assert trial_status(tuner.study.trials[0]) in ("ok", "oom")
+
+
+def test_a_study_file_deleted_mid_run_keeps_the_measurement_for_the_next_run(tmp_path):
+    database = tmp_path / "study.db"
+    tuner = make_tuner(tmp_path, FakeProbe())
+    tuner.guard, tuner.patience = file_guard(f"sqlite:///{database}"), 1.0
+    tuner.pending = PendingFile(tmp_path / "pending.jsonl")
+    tuner.step()
+
+    def probe_then_lose_the_file(config, settings, cancel=None):
+        database.unlink()  # an operator cleans up the wrong folder while the probe runs
+        return FakeProbe()(config, settings, cancel)
+
+    tuner.probe = probe_then_lose_the_file
+    with pytest.raises(Unavailable, match=r"deleted or replaced.*kept in .*pending\.jsonl"):
+        tuner.step()
+    with pytest.raises(Unavailable, match="deleted or replaced"):
+        tuner.step()  # and nothing more is asked of a file nobody will read
+    again = make_tuner(tmp_path, FakeProbe())  # the next run: a new study.db
+    again.pending = PendingFile(tmp_path / "pending.jsonl")
+    assert again.replay_pending().trials == [1]
+    recorded = again.step()  # the kept measurement, recorded without a probe
+    assert recorded.user_attrs["replay_of"] == 1 and again.probe.launched == []

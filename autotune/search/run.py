@@ -14,7 +14,13 @@ from autotune.search.outage import PENDING_FILE
 from autotune.search.plan import StudyPlan, check_same_job
 from autotune.search.prepare import RunOptions, data_prompts_file, default_study_name, prepare
 from autotune.search.slots import plan_slots
-from autotune.search.storage import check_parallel_safe, default_storage_url, redact, sqlite_path
+from autotune.search.storage import (
+    check_parallel_safe,
+    default_storage_url,
+    file_guard,
+    redact,
+    sqlite_path,
+)
 from autotune.search.study import (
     Budget,
     check_study_name,
@@ -66,6 +72,7 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
         tuner = Tuner(
             study, space, settings, job.budget, job.memory_model, storage_url=storage, pending_path=pending
         )
+        tuner.guard = file_guard(storage)
         probe_study(tuner, options.trials, options.time_budget_seconds, slots, console)
         print_summary(tuner, console, *memory_model_error(study))
         return finish(tuner, plan, out_dir, console)

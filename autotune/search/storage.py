@@ -30,6 +30,7 @@ __all__ = [
     "PATIENCE_SECONDS",
     "check_parallel_safe",
     "default_storage_url",
+    "file_guard",
     "first_line",
     "is_sqlite",
     "journal_path",
@@ -103,6 +104,29 @@ def scrub(text: str, url: str = "") -> str:
     for password in sorted(_PASSWORDS, key=len, reverse=True):  # a longer form before its parts
         text = text.replace(password, "***")
     return text
+
+
+def file_guard(url: str) -> Callable[[], None]:
+    """For an SQLite study: a check that its file is still the one opened. Deleted or replaced mid-run, the
+    open connection would write into a file nobody will read again: stop instead (Unavailable), so that the
+    measurement goes to the pending file and the next run records it into the study that is there."""
+    path = sqlite_path(url)
+    if path is None or not path.exists():
+        return lambda: None
+    opened = path.stat()
+
+    def check() -> None:
+        try:
+            now = path.stat()
+        except OSError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):
+            raise Unavailable(
+                f"the study file {path} was deleted or replaced while this run was using it; run the same "
+                f"command again to go on in the file that is there now"
+            )
+
+    return check
 
 
 def journal_path(url: str) -> Path | None:

@@ -45,6 +45,7 @@ class Tuner:
     patience: float = PATIENCE_SECONDS  # how long a storage outage is ridden out before giving up
     pending_path: Path | None = None  # where a measurement goes when the storage cannot take it
     cancel: threading.Event | None = None  # set by a second Ctrl-C: stop waiting for the storage too
+    guard: Callable[[], None] = lambda: None  # raises Unavailable when the study's file is no longer ours
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _claims: Claims = field(init=False, repr=False)
     pending: outage.PendingFile = field(init=False, repr=False)
@@ -75,6 +76,7 @@ class Tuner:
     def propose(self, quota: int | None) -> tuple[optuna.Trial, ProbeConfig] | None:
         """Ask for a trial and claim its config, unless `quota` is reached; one thread at a time."""
         with self._lock:
+            self.guard()
             return self.retry(lambda: self._claims.ask_and_claim(quota), "asking for a trial")
 
     def decide(self, config: ProbeConfig, cancel=None, settings: ProbeSettings | None = None) -> Outcome:
@@ -89,6 +91,7 @@ class Tuner:
         return outcome_from_result(config, result, self.budget, decision.attrs)
 
     def record(self, trial: optuna.Trial, outcome: Outcome) -> FrozenTrial:
+        self.guard()
         return record_outcome(self.study, trial, outcome, self.budget)
 
     def record_or_keep(self, trial: optuna.Trial, outcome: Outcome) -> FrozenTrial:
