@@ -183,6 +183,25 @@ def test_unreadable_config(tmp_path: Path) -> None:
     assert_one_line(exc, "cannot read", "config.json")
 
 
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"vocab_size": 0}, "vocab_size=0: must be a whole number >= 1"),
+        ({"hidden_size": "64"}, "hidden_size"),
+        ({"num_attention_heads": 3}, "not a multiple of the number of attention heads"),
+        ({"num_hidden_layers": -2}, "num_hidden_layers=-2: must be a whole number >= 1"),
+        ({"num_key_value_heads": 3}, "num_key_value_heads"),
+    ],
+)
+def test_a_malformed_model_config_is_refused_in_one_line(tmp_path: Path, change: dict, said: str) -> None:
+    """Before any memory arithmetic divides by it (a vocabulary of 0 was a ZeroDivisionError)."""
+    data = {**json.loads((registry.CONFIG_DIR / "tiny-llama.json").read_text()), **change}
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with pytest.raises(UserError) as exc:
+        resolve_model(str(tmp_path))
+    assert_one_line(exc, str(tmp_path), said)
+
+
 def test_pretrained_needs_weights(config_dir: Path) -> None:
     with pytest.raises(UserError) as exc:
         resolve_model(str(config_dir), weights="pretrained")
