@@ -35,6 +35,7 @@ from autotune.config.rules import (
     worker_findings,
 )
 from autotune.formats.read import read_target
+from autotune.formats.rollout import pool_findings
 from autotune.formats.target import Target
 from autotune.memory.advice import first_aid, shorter_lengths
 from autotune.memory.gpus import gpu_memory_gib, normalise
@@ -259,9 +260,18 @@ def memory_findings(
         return [Finding("memory", problem, aid)], info
     tight = estimate.peak > TIGHT * card_gib * GIB
     margin = " — within 10% of the card: fragmentation may still OOM" if tight else ""
-    return [
-        Finding("memory", f"{peak} fits {card_gib:g} GiB ({name}){margin}; {text}", severity="note")
-    ], info
+    fits = Finding("memory", f"{peak} fits {card_gib:g} GiB ({name}){margin}; {text}", severity="note")
+    return [fits, *engine_findings(target, card_gib * GIB, estimate.peak)], info
+
+
+def engine_findings(target: Target, card_bytes: float, resident_bytes: float) -> list[Finding]:
+    """The rollout engine's share of the card must fit beside the training states (vLLM refuses to start
+    otherwise); judged against the predicted training peak."""
+    utilization = getattr(target.engine, "gpu_memory_utilization", None)
+    if not isinstance(utilization, (int, float)) or isinstance(utilization, bool):
+        return []
+    fix = "a lower gpu_memory_utilization, or fewer training states on the GPU (LoRA, sharding, offload)"
+    return [Finding("memory", line, fix) for line in pool_findings(utilization, card_bytes, resident_bytes)]
 
 
 # --- the command -----------------------------------------------------------------------------------------

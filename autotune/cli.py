@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from autotune.config.numbers import MAX_GIB, MAX_RANKS, MAX_SECONDS, argument, parse_float, parse_int
 from autotune.errors import UserError
+from autotune.formats.rollout import ROLLOUT_ENGINES
 
 __all__ = [
     "add_check_parser",
@@ -189,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--study", help="study name (default: <space>-<model>-<gpus>gpu)")
     run.add_argument("--out", type=Path, default=Path("reports"), help="output folder (default: reports)")
     run.add_argument("--seed", type=SEED, default=0, help="sampler seed (default 0)")
+    run.add_argument(
+        "--rollout-engine",
+        choices=ROLLOUT_ENGINES,
+        default="vllm",
+        help="verl's rollout engine the export names (actor_rollout_ref.rollout.name; default vllm)",
+    )
     run.set_defaults(handler=_cmd_run)
 
     report = sub.add_parser(

@@ -20,6 +20,7 @@ from autotune.check import (
 )
 from autotune.cli import main
 from autotune.config.knobs import ProbeConfig
+from autotune.formats.rollout import RolloutEngine
 from autotune.formats.verl import format_overrides, verl_overrides
 from autotune.memory.gpus import gpu_memory_gib, normalise
 from autotune.memory.model import Architecture, MemoryModel
@@ -252,11 +253,24 @@ def test_verl_override_files_are_checked_with_verls_rules(tmp_path):
         max_prompt_length=128,
         max_response_length=128,
     )
-    values = verl_overrides(config, 2, model_path="Qwen/Qwen2.5-0.5B").values
+    engine = RolloutEngine(gpu_memory_utilization=0.25, max_model_len=256)  # beside ~15 GiB of training
+    values = verl_overrides(config, 2, model_path="Qwen/Qwen2.5-0.5B", engine=engine).values
     good = _write(tmp_path, format_overrides(values), "verl_overrides.txt")
     exit_code, report = _check(good, gpu="rtx4090", cores=8)
-    assert (exit_code, report["kind"], report["gpus"]) == (0, "verl overrides", 2)
+    assert (exit_code, report["kind"], report["gpus"]) == (0, "verl overrides", 2), report["problems"]
     assert report["config"]["micro_batch_size"] == 8 and report["sharding"] == "full_shard"
+    # verl's default share of the card (0.5) does not fit beside the training states
+    values["actor_rollout_ref.rollout.gpu_memory_utilization"] = 0.5
+    exit_code, report = _check(
+        _write(tmp_path, format_overrides(values), "greedy.txt"), gpu="rtx4090", cores=8
+    )
+    assert exit_code == 1 and any("the engine will not start" in p["problem"] for p in report["problems"])
+    # a file without the rollout engine cannot start verl
+    unnamed = {k: v for k, v in values.items() if k != "actor_rollout_ref.rollout.name"}
+    exit_code, report = _check(
+        _write(tmp_path, format_overrides(unnamed), "unnamed.txt"), gpu="rtx4090", cores=8
+    )
+    assert any("rollout.name: not set" in p["problem"] for p in report["problems"])
     values["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] = 24
     bad = _write(tmp_path, format_overrides(values), "bad.txt")
     exit_code, report = _check(bad, gpu="rtx4090", cores=8)

@@ -122,7 +122,14 @@ def test_best_config_has_the_seeds_schema_and_the_chosen_trials_figures(written)
     )
     assert config_findings(config, data["measured"]["gpus"], cores=64) == []
     assert config.to_dict() == trial.user_attrs["config"]
-    assert data["actor_model_config"] == {"model_name_or_path": "meta-llama/Llama-2-7b-hf", "use_lora": False}
+    assert data["actor_model_config"] == {
+        "model_name_or_path": "meta-llama/Llama-2-7b-hf",
+        "use_lora": False,
+        "gradient_checkpointing": False,
+    }
+    assert data["critic_model_config"] == {"use_lora": False, "gradient_checkpointing": False}
+    assert (data["kl_coef"], data["kl_placement"]) == (0.05, "reward")
+    assert data["rollout_engine"]["name"] == "vllm"
     assert data["reward_model_config"] == {
         "model_name_or_path": "OpenAssistant/reward-model-deberta-v3-large",
         "trainable": False,
@@ -274,7 +281,9 @@ def test_lora_grpo_on_two_gpus(tmp_path):
         "use_lora": True,
         "lora_r": 32,
         "lora_alpha": 64,
+        "gradient_checkpointing": False,
     }
+    assert "critic_model_config" not in data and data["kl_placement"] == "loss"
     assert data["algorithm"] == "grpo" and data["rollout_n"] == 4 and data["log_prob_micro_batch_size"] == 8
     assert data["measured"]["gpus"] == 2 and data["measured"]["gpu"] == "NVIDIA H100 80GB HBM3"
     values = parse_overrides((tmp_path / "verl_overrides.txt").read_text())

@@ -43,6 +43,12 @@ class ProbeConfig:
     kl_coef: float = 0.05
 
     @property
+    def use_kl(self) -> bool:
+        """KL against a reference policy (verl builds the reference model only then): kl_coef > 0. PPO puts it
+        in the reward (k1), GRPO in the loss (k3, verl's low_var_kl)."""
+        return self.kl_coef > 0
+
+    @property
     def forward_micro_batch_size(self) -> int:
         return self.log_prob_micro_batch_size or self.micro_batch_size
 
@@ -84,7 +90,7 @@ def _convert(key: str, raw: str, type_name: str) -> Any:
     text = raw.strip()
     if "bool" in type_name:
         if text.lower() not in _BOOL_WORDS:
-            raise UserError(f"--set {key}={raw}: expected true or false")
+            raise UserError(f"--set {key}={raw!r}: expected true or false")
         return _BOOL_WORDS[text.lower()]
     if "None" in type_name and text.lower() in ("none", "null", ""):
         return None
@@ -92,12 +98,12 @@ def _convert(key: str, raw: str, type_name: str) -> Any:
         try:
             return int(text)
         except ValueError:
-            raise UserError(f"--set {key}={raw}: expected a whole number, e.g. {key}=8") from None
+            raise UserError(f"--set {key}={raw!r}: expected a whole number, e.g. {key}=8") from None
     if "float" in type_name:
         try:
             return float(text)
         except ValueError:
-            raise UserError(f"--set {key}={raw}: expected a number, e.g. {key}=0.05") from None
+            raise UserError(f"--set {key}={raw!r}: expected a number, e.g. {key}=0.05") from None
     return text
 
 
@@ -111,6 +117,6 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
         if not sep or not key:
             raise UserError(f"--set {item!r}: expected KNOB=VALUE, e.g. --set micro_batch_size=4")
         if key not in types:
-            raise UserError(f"--set {key}: unknown knob; known knobs are {', '.join(KNOB_NAMES)}")
+            raise UserError(f"--set {key!r}: unknown knob; known knobs are {', '.join(KNOB_NAMES)}")
         values[key] = _convert(key, raw, types[key])
     return values

@@ -19,14 +19,15 @@ from typing import Any
 
 import yaml
 
-from autotune.config.knobs import ProbeConfig
+from autotune.config.knobs import KNOB_NAMES, ProbeConfig
 from autotune.config.rules import Finding
 from autotune.config.schema import MISSING, Checker
 from autotune.errors import UserError
+from autotune.formats.rollout import RolloutEngine
 from autotune.formats.target import Target
 from autotune.models.names import model_name_or_path
 
-__all__ = ["SHARDING", "read_seed", "seed_document", "seed_yaml"]
+__all__ = ["SHARDING", "kl_placement", "read_seed", "seed_document", "seed_yaml"]
 
 INT, BOOL, STR, NUM, SECTION = "int", "bool", "str", "number", "section"
 KNOBS: dict[str, str] = {
@@ -42,6 +43,7 @@ KNOBS: dict[str, str] = {
     "algorithm": STR,
     "rollout_n": INT,
     "kl_coef": NUM,
+    "kl_placement": STR,
 }
 REQUIRED = (
     "rollout_batch_size",
@@ -62,7 +64,19 @@ SECTIONS: dict[str, dict[str, str]] = {
         "gradient_checkpointing": BOOL,
         "fsdp_config": SECTION,
     },
+    "critic_model_config": {
+        "use_lora": BOOL,
+        "lora_r": INT,
+        "lora_alpha": INT,
+        "gradient_checkpointing": BOOL,
+    },
     "reward_model_config": {"model_name_or_path": STR, "trainable": BOOL},
+    "rollout_engine": {
+        "name": STR,
+        "tensor_model_parallel_size": INT,
+        "gpu_memory_utilization": NUM,
+        "max_model_len": INT,
+    },
     "fsdp_config": FSDP_KEYS,
 }
 UNCHECKED = {"init_kl_coef", "kl_target", "log_level", "dataset_cache_dir", "measured"}
@@ -79,9 +93,14 @@ SHARDING = {  # torch FSDP strategy -> how the states are modelled
 
 
 def seed_document(
-    config: ProbeConfig, model: str, reward_model: str, measured: dict[str, Any] | None = None
+    config: ProbeConfig,
+    model: str,
+    reward_model: str,
+    measured: dict[str, Any] | None = None,
+    engine: RolloutEngine | None = None,
 ) -> dict[str, Any]:
-    """`config` in the seed's schema; `measured` (the study's figures) becomes a `measured:` block."""
+    """`config` in the seed's schema, with the recipe verl needs to run it as measured (KL, the critic's LoRA
+    and checkpointing, the rollout engine); `measured` (the study's figures) becomes a `measured:` block."""
     c = config
     data: dict[str, Any] = {key: getattr(c, key) for key in WRITTEN_KNOBS}
     if c.log_prob_micro_batch_size is not None:
@@ -91,11 +110,18 @@ def seed_document(
         algorithm=c.algorithm,
         rollout_n=c.rollout_n,
         kl_coef=c.kl_coef,
+        kl_placement=kl_placement(c),
     )
-    actor: dict[str, Any] = {"model_name_or_path": model_name_or_path(model), "use_lora": c.use_lora}
-    if c.use_lora:
-        actor.update(lora_r=c.lora_r, lora_alpha=c.lora_alpha)
-    data["actor_model_config"] = actor
+    data["actor_model_config"] = {"model_name_or_path": model_name_or_path(model), **_trained(c)}
+    if c.algorithm == "ppo":
+        data["critic_model_config"] = _trained(c)
+    if engine is not None:
+        data["rollout_engine"] = {
+            "name": engine.name,
+            "tensor_model_parallel_size": engine.tensor_model_parallel_size,
+            "gpu_memory_utilization": engine.gpu_memory_utilization,
+            "max_model_len": engine.max_model_len,
+        }
     if reward_model != "function":
         data["reward_model_config"] = {
             "model_name_or_path": model_name_or_path(reward_model),
@@ -104,6 +130,22 @@ def seed_document(
     if measured is not None:
         data["measured"] = measured
     return data
+
+
+def kl_placement(config: ProbeConfig) -> str:
+    """Where the probe (and verl, as exported) puts the KL: PPO in the reward, GRPO in the loss."""
+    if not config.use_kl:
+        return "none"
+    return "reward" if config.algorithm == "ppo" else "loss"
+
+
+def _trained(c: ProbeConfig) -> dict[str, Any]:
+    """How a trained model (the actor, the critic) is trained: LoRA and gradient checkpointing."""
+    trained: dict[str, Any] = {"use_lora": c.use_lora}
+    if c.use_lora:
+        trained.update(lora_r=c.lora_r, lora_alpha=c.lora_alpha)
+    trained["gradient_checkpointing"] = c.gradient_checkpointing
+    return trained
 
 
 def seed_yaml(document: dict[str, Any], header: str = "") -> str:
@@ -134,7 +176,8 @@ def read_seed(data: dict[str, Any], path: Path) -> Target:
     fsdp = {**sections["fsdp_config"], **actor.get("fsdp_config", {})}
     config = _config(knobs, actor)
     strategy = str(fsdp.get("sharding_strategy", "NO_SHARD" if not fsdp else "FULL_SHARD")).upper()
-    findings += _strategy_findings(strategy)
+    findings += _strategy_findings(strategy) + _placement_findings(knobs.get("kl_placement"), config)
+    engine = sections["rollout_engine"]
     measured = data.get("measured") if isinstance(data.get("measured"), dict) else {}
     budget = measured.get("budget_gib")
     return Target(
@@ -149,7 +192,20 @@ def read_seed(data: dict[str, Any], path: Path) -> Target:
         gpus=measured.get("gpus") if isinstance(measured.get("gpus"), int) else None,
         memory_gib=float(budget) if isinstance(budget, (int, float)) else None,
         findings=findings,
+        engine=RolloutEngine(**engine) if engine else None,
     )
+
+
+def _placement_findings(placement: str | None, config: ProbeConfig) -> list[Finding]:
+    """kl_placement follows from the algorithm and kl_coef (PPO: reward, GRPO: loss, 0: none)."""
+    expected = kl_placement(config)
+    if placement is None or placement == expected:
+        return []
+    problem = (
+        f"kl_placement={placement}: with algorithm={config.algorithm} and kl_coef={config.kl_coef:g} the KL "
+        f"goes in the {expected} (PPO: the reward, GRPO: the loss, kl_coef 0: nowhere), as the probe measured"
+    )
+    return [Finding("schema", problem, f"kl_placement: {expected}", key="kl_placement", value=placement)]
 
 
 def _typed(check: Checker, path: str, value: Any, kind: str) -> Any:
@@ -191,7 +247,7 @@ def _section(check: Checker, name: str, raw: Any, findings: list[Finding]) -> di
 
 
 def _config(knobs: dict[str, Any], actor: dict[str, Any]) -> ProbeConfig:
-    values = {k: v for k, v in knobs.items() if v is not None}
+    values = {k: v for k, v in knobs.items() if v is not None and k in KNOB_NAMES}
     values.setdefault("num_rollout_workers", 1)  # the article: "default 1, fine for debugging"
     if "gradient_checkpointing" in actor:
         values["gradient_checkpointing"] = actor["gradient_checkpointing"]

@@ -28,6 +28,7 @@ class Target:
     memory_gib: float | None = None  # best_config's measured.budget_gib
     findings: list[Finding] = field(default_factory=list)  # found while reading (unknown keys, ...)
     overrides: dict[str, Any] | None = None  # a verl override file's values
+    engine: Any = None  # the rollout engine settings the file names (autotune.formats.rollout.RolloutEngine)
 
 
 def looks_like_overrides(text: str) -> bool:

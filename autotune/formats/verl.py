@@ -38,6 +38,7 @@ from typing import Any
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.rules import Finding, config_findings, problems
+from autotune.formats.rollout import ROLLOUT_ENGINES, RolloutEngine
 from autotune.formats.target import Target
 
 __all__ = [
@@ -56,6 +57,14 @@ AR = "actor_rollout_ref"
 # verl's own defaults for the keys the rules read when an override leaves them out (ppo_trainer.yaml).
 VERL_DEFAULTS: dict[str, Any] = {
     f"{AR}.rollout.n": 1,
+    f"{AR}.rollout.name": None,  # mandatory (`???`): a file without it cannot start verl
+    f"{AR}.rollout.gpu_memory_utilization": 0.5,
+    f"{AR}.rollout.max_model_len": None,
+    f"{AR}.model.enable_gradient_checkpointing": True,
+    "algorithm.use_kl_in_reward": False,
+    "algorithm.kl_ctrl.kl_coef": 0.001,
+    f"{AR}.actor.use_kl_loss": False,
+    f"{AR}.actor.kl_loss_coef": 0.001,
     f"{AR}.actor.use_dynamic_bsz": False,
     f"{AR}.rollout.agent.num_workers": 8,
     f"{AR}.rollout.tensor_model_parallel_size": 2,
@@ -110,6 +119,8 @@ def _parse_value(raw: str) -> Any:
         return None
     if re.fullmatch(r"-?\d+", raw):
         return int(raw)
+    if re.fullmatch(r"-?(\d+\.\d*|\.\d+)([eE][-+]?\d+)?|-?\d+[eE][-+]?\d+", raw):
+        return float(raw)
     if len(raw) >= 2 and raw[0] == raw[-1] == "'":
         return raw[1:-1].replace("\\'", "'").replace("\\\\", "\\")
     return raw
@@ -126,14 +137,32 @@ def agent_workers(config: ProbeConfig) -> int:
     return max(d for d in range(1, max(1, w) + 1) if total % d == 0)
 
 
-def verl_overrides(config: ProbeConfig, n_gpus: int, model_path: str | None = None) -> VerlOverrides:
-    """verl 0.9.1 overrides for a measured config on one node of n_gpus GPUs (ValueError: invalid config)."""
+def verl_overrides(
+    config: ProbeConfig, n_gpus: int, model_path: str | None = None, engine: RolloutEngine | None = None
+) -> VerlOverrides:
+    """verl 0.9.1 overrides for a measured config on one node of n_gpus GPUs (ValueError: invalid config).
+
+    Every setting that changes what verl does or how much memory it needs is written, with the value the
+    probe used: the batch sizes, the rollout engine (`engine`: see autotune.formats.rollout), the KL (PPO: in
+    the reward, k1; GRPO: in the loss, k3; none when kl_coef is 0, and then no reference model), LoRA for the
+    actor and the critic, gradient checkpointing, FSDP without offload."""
     broken = problems(config_findings(config, n_gpus, cores=max(1, config.num_rollout_workers)))
     if broken:
         lines = "; ".join(f.line for f in broken)
         raise ValueError(f"cannot export an invalid configuration for {n_gpus} GPU(s): {lines}")
-    c, n = config, config.rollout_n
-    notes: list[str] = []
+    engine = engine or RolloutEngine(max_model_len=config.sequence_length)
+    values, notes = _batch_keys(config, n_gpus)
+    values.update(_rollout_keys(engine))
+    values.update(_kl_keys(config))
+    values.update(_model_keys(config, model_path))
+    values["algorithm.adv_estimator"] = ADV_ESTIMATORS[config.algorithm]
+    values["trainer.n_gpus_per_node"] = n_gpus
+    values["trainer.nnodes"] = 1
+    return VerlOverrides(values, notes + list(engine.notes))
+
+
+def _batch_keys(c: ProbeConfig, n_gpus: int) -> tuple[dict[str, Any], list[str]]:
+    n, notes = c.rollout_n, []
     mini = mini_batch_samples(c, n_gpus)
     if mini != c.micro_batch_size * c.gradient_accumulation_steps * n_gpus:
         notes.append(
@@ -160,52 +189,88 @@ def verl_overrides(config: ProbeConfig, n_gpus: int, model_path: str | None = No
         f"{AR}.rollout.log_prob_micro_batch_size_per_gpu": forward,
         f"{AR}.ref.log_prob_micro_batch_size_per_gpu": forward,
         f"{AR}.rollout.n": n,
-        # the probe generates on every GPU its own share (data parallel), so no tensor parallelism
-        f"{AR}.rollout.tensor_model_parallel_size": 1,
         f"{AR}.rollout.agent.num_workers": workers,
-        f"{AR}.model.enable_gradient_checkpointing": c.gradient_checkpointing,
     }
-    if c.use_lora:
-        values[f"{AR}.model.lora_rank"] = c.lora_r
-        values[f"{AR}.model.lora_alpha"] = c.lora_alpha
-    if model_path:
-        values[f"{AR}.model.path"] = model_path
     if c.algorithm == "ppo":  # GAE needs the critic; GRPO has none
         values["critic.ppo_micro_batch_size_per_gpu"] = c.micro_batch_size
         values["critic.forward_micro_batch_size_per_gpu"] = forward
-        values["critic.model.enable_gradient_checkpointing"] = c.gradient_checkpointing
+    return values, notes
+
+
+def _rollout_keys(engine: RolloutEngine) -> dict[str, Any]:
+    return {
+        f"{AR}.rollout.name": engine.name,
+        f"{AR}.rollout.tensor_model_parallel_size": engine.tensor_model_parallel_size,
+        f"{AR}.rollout.gpu_memory_utilization": engine.gpu_memory_utilization,
+        f"{AR}.rollout.max_model_len": engine.max_model_len,
+    }
+
+
+def _kl_keys(c: ProbeConfig) -> dict[str, Any]:
+    """The probe's KL: PPO folds it into the reward (k1, verl's `kl`), GRPO adds it to the loss (k3, verl's
+    `low_var_kl`); with kl_coef 0 there is none, and verl builds no reference model."""
+    in_reward, in_loss = c.use_kl and c.algorithm == "ppo", c.use_kl and c.algorithm == "grpo"
+    values: dict[str, Any] = {"algorithm.use_kl_in_reward": in_reward, f"{AR}.actor.use_kl_loss": in_loss}
+    if in_reward:
+        values.update({"algorithm.kl_penalty": "kl", "algorithm.kl_ctrl.kl_coef": c.kl_coef})
+    if in_loss:
+        values.update({f"{AR}.actor.kl_loss_type": "low_var_kl", f"{AR}.actor.kl_loss_coef": c.kl_coef})
+    return values
+
+
+def _model_keys(c: ProbeConfig, model_path: str | None) -> dict[str, Any]:
+    """Paths, LoRA, checkpointing and FSDP for the actor (and reference) and, with PPO, the critic: the critic
+    trains with the actor's LoRA and checkpointing, as the probe's does."""
+    values: dict[str, Any] = {}
+    models = [(f"{AR}.model", f"{AR}.actor", f"{AR}.actor.fsdp_config")]
+    if c.algorithm == "ppo":
+        models.append(("critic.model", "critic", "critic.fsdp"))
+    for model, trainer, fsdp in models:
         if model_path:
-            values["critic.model.path"] = model_path
-    values["algorithm.adv_estimator"] = ADV_ESTIMATORS[c.algorithm]
-    values["trainer.n_gpus_per_node"] = n_gpus
-    values["trainer.nnodes"] = 1
-    return VerlOverrides(values, notes)
+            values[f"{model}.path"] = model_path
+        values[f"{model}.enable_gradient_checkpointing"] = c.gradient_checkpointing
+        if c.use_lora:
+            values[f"{model}.lora_rank"] = c.lora_r
+            values[f"{model}.lora_alpha"] = c.lora_alpha
+        values[f"{trainer}.strategy"] = "fsdp"
+        values[f"{fsdp}.param_offload"] = False
+        values[f"{fsdp}.optimizer_offload"] = False
+    values[f"{AR}.ref.fsdp_config.param_offload"] = False
+    return values
 
 
 # --- reading back -------------------------------------------------------------------------------------
 
 
 def read_overrides(text: str) -> Target:
-    """A verl override file: verl's keys mapped back to autotune's knobs (the inverse of `verl_overrides`).
-    Keys verl's config does not have are findings: verl would refuse the file at start-up."""
+    """A verl override file: verl's keys mapped back to autotune's knobs (the inverse of `verl_overrides`); a
+    key the file leaves out has verl's default. Keys verl's config lacks are findings: verl would refuse the
+    file at start-up."""
     values = parse_overrides(text)
-    findings = unknown_key_findings(values)
     get = {**VERL_DEFAULTS, **values}.get
     nodes, per_node = get("trainer.nnodes"), get("trainer.n_gpus_per_node")
     gpus = per_node * nodes if isinstance(per_node, int) and isinstance(nodes, int) else None
     offload = any(get(f"{AR}.actor.fsdp_config.{k}") is True for k in ("param_offload", "optimizer_offload"))
     reward = get("reward_model.model.path") if get("reward_model.enable") else None
+    config = _config(get, gpus or 1)
+    engine = RolloutEngine(
+        get(f"{AR}.rollout.name"),
+        get(f"{AR}.rollout.tensor_model_parallel_size"),
+        get(f"{AR}.rollout.gpu_memory_utilization"),
+        get(f"{AR}.rollout.max_model_len"),
+    )
     return Target(
         kind="verl overrides",
-        config=_config(get, gpus or 1),
+        config=config,
         model=get(f"{AR}.model.path"),
         reward_model=reward,
         sharding="full_shard",
         sharding_label="verl FSDP, FULL_SHARD (its default)",
         offload=offload,
         gpus=gpus,
-        findings=findings,
+        findings=unknown_key_findings(values),
         overrides=values,
+        engine=engine,
     )
 
 
@@ -251,6 +316,7 @@ def _config(get: Any, gpus: int) -> ProbeConfig | None:
     gen = get("data.gen_batch_size")
     lora = get(f"{AR}.model.lora_rank")
     forward = _int_or(get(f"{AR}.rollout.log_prob_micro_batch_size_per_gpu"), None)
+    algorithm = "grpo" if get("algorithm.adv_estimator") == "grpo" else "ppo"
     return ProbeConfig(
         rollout_batch_size=(gen if isinstance(gen, int) else batch) * n,
         train_batch_size=batch * n,
@@ -260,13 +326,28 @@ def _config(get: Any, gpus: int) -> ProbeConfig | None:
         max_prompt_length=_int_or(get("data.max_prompt_length"), 512),
         max_response_length=_int_or(get("data.max_response_length"), 512),
         log_prob_micro_batch_size=None if forward == micro else forward,  # None: the same as micro
-        gradient_checkpointing=get(f"{AR}.model.enable_gradient_checkpointing") is True,
-        algorithm="grpo" if get("algorithm.adv_estimator") == "grpo" else "ppo",
+        gradient_checkpointing=get(f"{AR}.model.enable_gradient_checkpointing") is not False,  # verl: on
+        algorithm=algorithm,
         rollout_n=n,
         use_lora=isinstance(lora, int) and lora > 0,
         lora_r=lora if isinstance(lora, int) and lora > 0 else ProbeConfig.lora_r,
         lora_alpha=_int_or(get(f"{AR}.model.lora_alpha"), ProbeConfig.lora_alpha),
+        kl_coef=_kl_coef(get),
     )
+
+
+def _kl_coef(get: Any) -> float:
+    """The KL coefficient verl uses: the in-reward one, else the loss's, else 0 (no KL, no reference)."""
+    for switch, coefficient in (
+        ("algorithm.use_kl_in_reward", "algorithm.kl_ctrl.kl_coef"),
+        (f"{AR}.actor.use_kl_loss", f"{AR}.actor.kl_loss_coef"),
+    ):
+        if get(switch) is True:
+            value = get(coefficient)  # not a number: nan, which the rules refuse by name
+            return (
+                float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+            )
+    return 0.0
 
 
 def _int_or(value: Any, default: int | None) -> int | None:
@@ -344,6 +425,15 @@ def _gpu_rules(overrides: Mapping[str, Any], n_gpus: int) -> list[str]:
     n = _get(overrides, f"{AR}.rollout.n")
     if _get(overrides, "algorithm.adv_estimator") == "grpo" and n < 2:
         errors.append(f"{AR}.rollout.n={n}: GRPO needs >= 2 samples per prompt")
+    name = _get(overrides, f"{AR}.rollout.name")
+    if name is None:
+        errors.append(
+            f"{AR}.rollout.name: not set; verl requires it (mandatory): one of {', '.join(ROLLOUT_ENGINES)}"
+        )
+    elif name not in ROLLOUT_ENGINES:
+        errors.append(
+            f"{AR}.rollout.name={name}: verl 0.9.1's rollout engines are {', '.join(ROLLOUT_ENGINES)}"
+        )
     return errors
 
 

@@ -211,7 +211,7 @@ def _weights(arch: Architecture, config: ProbeConfig, p: _Precision) -> int:
         # frozen bases + fp32 adapters; the reference is the actor with its adapters disabled
         critic_base = arch.critic_parameters * p.frozen if critic else 0
         return arch.actor_parameters * p.frozen + critic_base + (actor + critic) * p.trainable + reward
-    reference = arch.actor_parameters * p.frozen
+    reference = arch.actor_parameters * p.frozen if config.use_kl else 0  # verl builds it only for KL
     return (actor + critic) * p.trainable + reference + reward
 
 

@@ -17,6 +17,7 @@ import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.formats.rollout import RolloutEngine, rollout_engine
 from autotune.formats.seed_yaml import seed_document, seed_yaml
 from autotune.formats.verl import VerlOverrides, verl_overrides
 from autotune.memory.advice import remedies
@@ -27,7 +28,15 @@ from autotune.search.study import Budget, memory_model_error, trial_config, tria
 from autotune.status import LAUNCHED, Attr, Status
 from autotune.units import GIB, gib
 
-__all__ = ["Gain", "ReportData", "advice", "best_config_yaml", "build_report", "measured_block"]
+__all__ = [
+    "Gain",
+    "ReportData",
+    "advice",
+    "best_config_yaml",
+    "build_report",
+    "engine_for",
+    "measured_block",
+]
 
 INT_COLUMNS = ("calibration_points", "duplicate_of", "dominates_oom_trial", "log_prob_micro_batch_size")
 
@@ -54,6 +63,7 @@ class ReportData:
     model_error: tuple[float | None, int]
     best_config: dict[str, Any] | None
     verl: VerlOverrides | None
+    engine: RolloutEngine | None  # verl's rollout settings for the chosen config (by rules, not measured)
     created: str
     advice: dict[int, list[str]] = field(default_factory=dict)  # closest trial number -> what to change
 
@@ -77,12 +87,13 @@ def build_report(
         (chosen.user_attrs.get(Attr.RESULT) or {}).get("world_size") if chosen else None
     ) or plan.gpus
     plan = dataclasses.replace(plan, gpus=int(measured_gpus))  # the GPUs the winner was measured on
-    document = verl = None
+    document = verl = engine = None
     if chosen is not None:
         config = trial_config(chosen)
+        engine = engine_for(chosen, config, plan, budget)
         measured = measured_block(chosen, study.study_name, plan.gpus, budget, created)
-        document = seed_document(config, plan.model, plan.reward_model, measured)
-        verl = verl_overrides(config, plan.gpus, verl_model_path(plan.model))
+        document = seed_document(config, plan.model, plan.reward_model, measured, engine)
+        verl = verl_overrides(config, plan.gpus, verl_model_path(plan.model), engine)
     return ReportData(
         study_name=study.study_name,
         plan=plan,
@@ -95,9 +106,19 @@ def build_report(
         model_error=memory_model_error(study),
         best_config=document,
         verl=verl,
+        engine=engine,
         created=created,
         advice={t.number: advice(t, budget) for t in selection.closest},
     )
+
+
+def engine_for(trial: FrozenTrial, config: Any, plan: StudyPlan, budget: Budget) -> RolloutEngine:
+    """The rollout engine beside the chosen config's training side: the card is the GPU the probe ran on
+    (its total memory), else the budget (an emulated card); the resident memory is the measured peak."""
+    environment = (trial.user_attrs.get(Attr.RESULT) or {}).get("environment") or {}
+    card = environment.get("gpu_memory_bytes") or budget.bytes
+    peak = float(trial.values[1])
+    return rollout_engine(config, plan.gpus, plan.rollout_engine, card, peak, plan.model_parameters)
 
 
 def measured_block(

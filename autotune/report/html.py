@@ -24,6 +24,7 @@ from autotune.report.tables import (
     gains_table,
     gib,
     headline,
+    launch_line,
     memory_model_table,
     model_error_line,
     predictions,
@@ -340,8 +341,10 @@ def _recommendation(report: ReportData) -> str:
     return (
         f'<p class="verdict">Trial #{chosen.number}: <strong>{chosen.values[0]:.3f} samples/s</strong> at '
         f"<strong>{gib(chosen.values[1])} GiB</strong> peak per GPU.</p>"
-        f"{html_table(recommendation_table(report))}<h3>verl ({html.escape('verl_overrides.txt')})</h3>"
-        f"<pre>{overrides}</pre><ul>{notes}</ul>"
+        f"{html_table(recommendation_table(report))}"
+        f"<h3>Start verl on it</h3><p>Replace the <code>/path/to/</code> parts:</p>"
+        f"<pre>{html.escape(launch_line(report))}</pre>"
+        f"<h3>verl ({html.escape('verl_overrides.txt')})</h3><pre>{overrides}</pre><ul>{notes}</ul>"
     )
 
 

@@ -12,6 +12,7 @@ from autotune.report.tables import (
     gains_table,
     gib,
     headline,
+    launch_line,
     memory_model_table,
     model_error_line,
     recommendation_table,
@@ -57,8 +58,7 @@ def render_markdown(report: ReportData) -> str:
     if report.best_config is not None:
         parts += [
             "- `best_config.yaml`: the recommendation in the seed article's config schema\n",
-            "- `verl_overrides.txt`: `python -m verl.trainer.main_ppo $(cat verl_overrides.txt) "
-            "data.train_files=... actor_rollout_ref.model.path=...`\n",
+            "- `verl_overrides.txt`: the same job as Hydra overrides for verl 0.9.1 (launched as above)\n",
         ]
     return "".join(parts)
 
@@ -78,7 +78,9 @@ def _recommendation_md(report: ReportData) -> list[str]:
         f"Trial #{chosen.number}: **{chosen.values[0]:.3f} samples/s** at **{gib(chosen.values[1])} GiB** "
         f"peak per GPU.\n\n",
         md_table(recommendation_table(report)),
-        "\n**verl:**\n\n```\n",
+        "\n**Start verl on it** (replace the `/path/to/` parts):\n\n```bash\n",
+        launch_line(report) + "\n",
+        "```\n\n**verl_overrides.txt:**\n\n```\n",
         *(f"{line}\n" for line in report.verl.lines()),
         "```\n\n",
     ]

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 from optuna.trial import FrozenTrial
 
+from autotune.formats.rollout import RULES
+from autotune.models.names import verl_model_path
 from autotune.search.study import describe_budget, trial_config, trial_status
 from autotune.status import Attr, Status
 from autotune.units import GIB
@@ -192,15 +194,38 @@ def model_error_line(report: ReportData) -> str:
     )
 
 
+NOT_MEASURED = (
+    "Measured: the training side (states, scoring, update) with Hugging Face generate for the rollout. Not "
+    "measured: the rollout engine's memory pool and speed, sized by rule ({rules})."
+)
+
+
 def verl_lines(report: ReportData) -> list[str]:
     lines = [
         "Sizes in verl count prompts: data.train_batch_size = T/n, data.gen_batch_size = R/n, "
         "actor.ppo_mini_batch_size = m·g·W/n (verl multiplies it by rollout.n, splits it over the W GPUs "
-        "and runs (M·n/W)/m = g micro-batches of m per GPU per optimizer step)."
+        "and runs (M·n/W)/m = g micro-batches of m per GPU per optimizer step).",
+        NOT_MEASURED.format(rules=RULES),
     ]
     if report.verl is not None:
         lines += report.verl.notes
     return lines
+
+
+def launch_line(report: ReportData, overrides: str = "verl_overrides.txt") -> str:
+    """The command that starts verl on the exported job: the file, then what only the user knows (the data,
+    and the model's path where the file has no hub id or directory for it); replace the /path/to/ parts."""
+    assert report.verl is not None, "no recommendation to launch"
+    given = report.verl.values
+    extra = ["data.train_files=/path/to/train.parquet", "data.val_files=/path/to/val.parquet"]
+    if "actor_rollout_ref.model.path" not in given:
+        extra.append("actor_rollout_ref.model.path=/path/to/model")
+        if "critic.ppo_micro_batch_size_per_gpu" in given:
+            extra.append("critic.model.path=/path/to/model")
+    if report.plan.reward_model != "function":
+        reward = verl_model_path(report.plan.reward_model) or "/path/to/reward_model"
+        extra += ["reward_model.enable=true", f"reward_model.model.path={reward}"]
+    return f"python -m verl.trainer.main_ppo $(cat {overrides}) " + " ".join(extra)
 
 
 def headline(report: ReportData) -> list[str]:

@@ -31,6 +31,7 @@ from autotune.files import make_folder, write_whole
 from autotune.formats.verl import format_overrides
 from autotune.report.data import ReportData, best_config_yaml, build_report
 from autotune.report.markdown import render_markdown
+from autotune.report.tables import launch_line
 from autotune.search.plan import StudyPlan
 from autotune.search.study import Budget, trial_status
 from autotune.status import Attr
@@ -143,4 +144,8 @@ def summary_lines(report: ReportData, out_dir: Path) -> list[str]:
             f"{gib(chosen.values[1])} GiB (feasible <= {gib(budget.limit)} GiB)"
         ]
         lines += [f"{g.ratio:.2f}x the hand-made config '{g.name}'" for g in report.gains if g.ratio]
+        lines += [
+            "start verl on it (replace the /path/to/ parts):",
+            "  " + launch_line(report, str((out_dir / "verl_overrides.txt").resolve())),
+        ]
     return [*lines, f"report: {out_dir / 'report.html'}"]

@@ -42,6 +42,8 @@ class StudyPlan:
     settings: dict[str, Any] = field(default_factory=dict)  # ProbeSettings less LOCAL_SETTINGS
     trials: int | None = None
     identity: dict[str, Any] = field(default_factory=dict)  # what the measurements depend on
+    rollout_engine: str = "vllm"  # verl's rollout.name for the export
+    model_parameters: int | None = None  # the actor's: the rollout engine's tensor parallel size needs it
 
     @classmethod
     def of(
@@ -51,6 +53,7 @@ class StudyPlan:
         budget: Budget,
         trials: int,
         identity: dict[str, Any] | None = None,
+        **export: Any,
     ) -> StudyPlan:
         shared = {k: v for k, v in dataclasses.asdict(settings).items() if k not in LOCAL_SETTINGS}
         return cls(
@@ -64,6 +67,7 @@ class StudyPlan:
             settings=shared,
             trials=trials,
             identity=dict(identity or {}),
+            **export,
         )
 
     @property

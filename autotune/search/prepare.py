@@ -82,6 +82,7 @@ class RunOptions:
     data: Path | None = None
     prompt_key: str | None = None
     response_key: str | None = None
+    rollout_engine: str = "vllm"
 
 
 def default_study_name(space_name: str, model: str, gpus: int, fingerprint: str) -> str:

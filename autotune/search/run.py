@@ -62,7 +62,11 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
     with one_tuner_per_sqlite_study(storage, study_name):
         study = open_study(storage, study_name, options.seed)
         check_same_job(study, job.identity)
-        plan = StudyPlan.of(space, settings, job.budget, options.trials, job.identity)
+        export = {
+            "rollout_engine": options.rollout_engine,
+            "model_parameters": job.memory_model.arch.actor_parameters,
+        }
+        plan = StudyPlan.of(space, settings, job.budget, options.trials, job.identity, **export)
         plan.save(study)
         console.print(start_message(study_name, storage, job.budget, len(finished_trials(study))))
         seeded = enqueue_seed_configs(study, space)

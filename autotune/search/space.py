@@ -118,7 +118,7 @@ FIXED, CHOICES, POW2, LINEAR = "fixed", "choices", "pow2", "linear"
 # the peak (T and g beyond a rollout buffer of a few MB; the workers are separate processes, outside a rank's
 # CUDA memory and its RSS).
 MEMORY_MONOTONE_KNOBS = (MICRO, ROLLOUT, PROMPT, RESPONSE, "forward_micro_batch_size")
-MEMORY_EQUAL_FIELDS = ("algorithm", "rollout_n", "use_lora", "lora_r")
+MEMORY_EQUAL_FIELDS = ("algorithm", "rollout_n", "use_lora", "lora_r", "use_kl")
 TIME_ONLY_KNOBS = (TRAIN, ACCUM, WORKERS)
 
 _TOP_KEYS = (
@@ -458,10 +458,10 @@ def at_least_as_large(a: ProbeConfig, b: ProbeConfig) -> bool:
     prompt and response lengths, the effective log-prob micro batch), `a` does not checkpoint where `b` does
     not (gradient checkpointing True needs LESS memory, so it counts as the smaller value), and the fields
     that change memory in other ways are equal (`MEMORY_EQUAL_FIELDS`: algorithm, rollout_n, LoRA and its
-    rank). T, g and the workers (`TIME_ONLY_KNOBS`) change time, not the peak, and are not compared; both
-    configs are assumed to run on the same number of ranks.
+    rank, KL used or not: a reference model or none). T, g and the workers (`TIME_ONLY_KNOBS`) change time,
+    not the peak, and are not compared; both configs are assumed to run on the same number of ranks.
     """
-    if any(getattr(a, key) != getattr(b, key) for key in ("algorithm", "rollout_n", "use_lora")):
+    if any(getattr(a, key) != getattr(b, key) for key in ("algorithm", "rollout_n", "use_lora", "use_kl")):
         return False
     if a.use_lora and a.lora_r != b.lora_r:
         return False

@@ -77,6 +77,8 @@ def build_actor_and_ref(spec: ModelSpec, config: ProbeConfig, device: torch.devi
             param.requires_grad_(False)
         return _with_lora(base, config, "CAUSAL_LM"), None
     actor = _prepare_trainable(build_causal_lm(spec, dtype=trainable, device=device), config)
+    if not config.use_kl:  # as verl: a reference model exists only when the recipe uses KL
+        return actor, None
     ref = build_causal_lm(spec, dtype=frozen, device=device).eval().requires_grad_(False)
     return actor, ref
 

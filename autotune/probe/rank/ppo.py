@@ -46,7 +46,8 @@ GAMMA, LAM, CLIP_RATIO, VALUE_CLIP = 1.0, 1.0, 0.2, 0.5  # verl's defaults
 @dataclass
 class Models:
     actor: torch.nn.Module
-    ref: torch.nn.Module | None  # None with LoRA: the reference is the actor with its adapters disabled
+    # None with LoRA (the reference is the actor with its adapters disabled), or when the recipe has no KL
+    ref: torch.nn.Module | None
     critic: torch.nn.Module | None  # None for GRPO
     reward: torch.nn.Module | None  # None for a rule-based reward function
     actor_optimizer: torch.optim.Optimizer
@@ -188,7 +189,9 @@ def score(models: Models, ctx: StepContext, batch: dict) -> None:
     batch["old_log_probs"] = _forward_in_micro_batches(
         lambda i, m, r: response_log_probs(actor, ctx, i, m, r), batch, micro
     )
-    if models.ref is None:
+    if not c.use_kl:  # no KL, no reference policy: verl skips its log-probs too
+        pass
+    elif models.ref is None:
         with actor.disable_adapter():  # LoRA: the frozen base model is the reference, no second copy
             batch["ref_log_probs"] = _forward_in_micro_batches(
                 lambda i, m, r: response_log_probs(actor, ctx, i, m, r), batch, micro
@@ -216,7 +219,7 @@ def advantages(ctx: StepContext, batch: dict) -> None:
         groups = torch.arange(batch["scores"].shape[0], device=mask.device) // c.rollout_n
         batch["advantages"] = rl_math.grpo_advantages(batch["scores"], groups, mask)
         return
-    kl = rl_math.kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], "k1")
+    kl = rl_math.kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], "k1") if c.use_kl else None
     rewards = rl_math.token_rewards_from_scores(batch["scores"], mask, kl=kl, kl_coef=c.kl_coef)
     batch["advantages"], batch["returns"] = rl_math.compute_gae(rewards, batch["values"], mask, GAMMA, LAM)
 
@@ -250,7 +253,7 @@ def _actor_loss(models: Models, ctx: StepContext, batch: dict, idx: torch.Tensor
     loss, _ = rl_math.policy_loss(
         log_probs, batch["old_log_probs"][idx], batch["advantages"][idx], mask, CLIP_RATIO
     )
-    if c.algorithm == "grpo":  # GRPO keeps the KL out of the reward and in the loss (k3, as verl)
+    if c.algorithm == "grpo" and c.use_kl:  # GRPO keeps the KL out of the reward, in the loss (k3, as verl)
         kl = rl_math.kl_penalty(log_probs, batch["ref_log_probs"][idx], "k3")
         loss = loss + c.kl_coef * rl_math.masked_mean(kl, mask)
     return loss

@@ -1,0 +1,110 @@
+"""verl's rollout engine settings for a measured configuration: what the probe cannot measure, by rules.
+
+The probe generates with Hugging Face `generate` on the training weights; verl generates with a rollout engine
+(vLLM by default) that claims its own share of every GPU for its copy of the weights and its KV cache while
+the training states stay resident. The probe measures the training side; these rules size the rest:
+
+    gpu_memory_utilization   (card - the training side's measured peak) x (1 - MARGIN) / card, rounded
+                             down to 0.05 and kept in [0.05, 0.9]: the share vLLM may claim at start-up
+                             without exceeding what the training states leave free (it refuses more)
+    tensor_model_parallel    the smallest divisor d of the GPUs whose shard of the bf16 weights
+                             (2 B/param / d) takes at most half of that share (the rest is KV cache): 1 when
+                             the model fits one GPU's share
+    max_model_len            max_prompt_length + max_response_length (verl's default, null, would take the
+                             model's maximum positions and size the KV cache for them)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autotune.config.knobs import ProbeConfig
+from autotune.units import GIB, divisors
+
+__all__ = [
+    "MARGIN",
+    "ROLLOUT_ENGINES",
+    "RULES",
+    "RolloutEngine",
+    "pool_findings",
+    "rollout_engine",
+]
+
+ROLLOUT_ENGINES = ("vllm", "sglang", "trtllm")  # verl 0.9.1's registered names (workers/rollout/base.py)
+MARGIN = 0.10  # of the free memory, left for the allocators' fragmentation and the CUDA graphs
+STEP = 0.05
+UTILIZATION_RANGE = (0.05, 0.9)
+VERL_DEFAULT_UTILIZATION = 0.5
+RULES = (
+    "gpu_memory_utilization = (card - the training side's measured peak) × 0.9 / card, rounded down to 0.05; "
+    "tensor_model_parallel_size = the smallest divisor of the GPUs whose share of the bf16 weights fits half "
+    "of that pool; max_model_len = max_prompt_length + max_response_length"
+)
+
+
+@dataclass(frozen=True)
+class RolloutEngine:
+    name: str = "vllm"
+    tensor_model_parallel_size: int = 1
+    gpu_memory_utilization: float = VERL_DEFAULT_UTILIZATION
+    max_model_len: int | None = None
+    notes: tuple[str, ...] = ()  # where a rule could not be applied, or gives a warning
+
+
+def rollout_engine(
+    config: ProbeConfig,
+    gpus: int,
+    name: str = "vllm",
+    card_bytes: float | None = None,
+    resident_bytes: float | None = None,
+    model_parameters: int | None = None,
+) -> RolloutEngine:
+    """The rollout settings of the module docstring; without a card or a measurement, verl's default share."""
+    notes = []
+    utilization = VERL_DEFAULT_UTILIZATION
+    if card_bytes and resident_bytes is not None:
+        free = max(0.0, card_bytes - resident_bytes)
+        share = math.floor(free * (1 - MARGIN) / card_bytes / STEP + 1e-9) * STEP
+        utilization = round(min(max(share, UTILIZATION_RANGE[0]), UTILIZATION_RANGE[1]), 2)
+        if share < UTILIZATION_RANGE[0]:
+            notes.append(
+                f"the training side's peak ({resident_bytes / GIB:.2f} GiB) leaves the rollout engine less "
+                f"than {UTILIZATION_RANGE[0]:.0%} of the {card_bytes / GIB:.2f} GiB card: it may not start; "
+                f"offload or shard the training states"
+            )
+    else:
+        notes.append(
+            f"gpu_memory_utilization is verl's default {VERL_DEFAULT_UTILIZATION}: no card was known"
+        )
+    tp = 1
+    if model_parameters and card_bytes:
+        pool = utilization * card_bytes
+        fitting = [d for d in divisors(gpus) if 2 * model_parameters / d <= pool / 2]
+        tp = fitting[0] if fitting else gpus
+        if not fitting:
+            notes.append(
+                f"the bf16 weights ({2 * model_parameters / GIB:.1f} GiB) do not fit half the rollout pool "
+                f"even split over the {gpus} GPUs: tensor_model_parallel_size={gpus}, and the KV cache will "
+                f"be small"
+            )
+    return RolloutEngine(name, tp, utilization, config.sequence_length, tuple(notes))
+
+
+def pool_findings(
+    utilization: float,
+    card_bytes: float,
+    resident_bytes: float,
+    where: str = "rollout.gpu_memory_utilization",
+) -> list[str]:
+    """What is wrong with a rollout share beside training states of `resident_bytes` (`autotune check`)."""
+    free = card_bytes - resident_bytes
+    if utilization * card_bytes <= free:
+        return []
+    claimed, card, resident, left = (
+        x / GIB for x in (utilization * card_bytes, card_bytes, resident_bytes, free)
+    )
+    return [
+        f"{where}={utilization:g} claims {claimed:.1f} GiB of the {card:.1f} GiB card, but the training "
+        f"states (about {resident:.1f} GiB) leave {max(left, 0):.1f} GiB free: the engine will not start"
+    ]
