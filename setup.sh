@@ -2,8 +2,8 @@
 # Create .venv and install autotune. Safe to run again (it only adds what is missing).
 #   ./setup.sh        the tool (torch pinned to 2.13.0: a local CPU build where the machine carries one,
 #                     PyPI's CUDA build on GPU machines; an already installed torch is kept)
-#   ./setup.sh test   also what the tests need: pytest, ruff and psycopg2; hydra-core and verl 0.9.1's
-#                     config files (verl without its dependencies, aside in .venv/verl-0.9.1, never imported).
+#   ./setup.sh test   also what the tests need: pytest, ruff, psycopg2, hypothesis, hydra-core; verl 0.9.1
+#                     with its dependencies in its own environment .venv-verl (never imported by autotune).
 #                     As root with apt-get: Debian's chromium for the report's browser test, and Debian's
 #                     postgresql for the PostgreSQL tests: its own cluster "autotune" on 127.0.0.1 only,
 #                     started with pg_ctlcluster (no systemd needed), a role "autotune" and a database
@@ -20,8 +20,11 @@ if [ "${1:-}" != "test" ]; then
   exit 0
 fi
 "${pip[@]}" -e ".[test]" hydra-core
-[ -f .venv/verl-0.9.1/verl/trainer/config/ppo_trainer.yaml ] \
-  || "${pip[@]}" --no-deps --target .venv/verl-0.9.1 "verl==0.9.1"
+# verl 0.9.1 with its own dependencies, in its own environment: the tests compose autotune's exports with its
+# Hydra config and run its validate_config; autotune never imports it.
+[ -x .venv-verl/bin/python ] || "$PYTHON" -m venv .venv-verl
+.venv-verl/bin/python -c "import verl" 2>/dev/null \
+  || .venv-verl/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" "verl==0.9.1" orjson
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   echo "setup.sh: not root with apt-get, so no Debian chromium or postgresql: the tests needing them skip" \
     "(the PostgreSQL tests use AUTOTUNE_TEST_POSTGRES=postgresql+psycopg2://... when set)"

@@ -2,8 +2,9 @@
 
 The composition test needs verl 0.9.1's config files and hydra-core. verl's wheel also installs a top-level
 `tests` package that shadows this folder's `tests.conftest` imports, so do NOT `pip install verl` into the
-test environment: `./setup.sh test` installs it aside, into .venv/verl-0.9.1 (or point VERL_CONFIG_DIR at
-another copy's `verl/trainer/config`).
+test environment: `./setup.sh test` installs it with its dependencies into its own environment, .venv-verl
+(or point VERL_CONFIG_DIR at another copy's `verl/trainer/config`); tests/test_verl_validate.py runs verl's
+own validate_config there.
 """
 
 from __future__ import annotations
@@ -264,11 +265,11 @@ def test_verls_default_agent_workers_count_when_not_overridden():
 
 
 def verl_config_dir() -> Path | None:
-    """verl 0.9.1's `verl/trainer/config`: $VERL_CONFIG_DIR, setup.sh's copy, else an importable verl."""
+    """verl 0.9.1's `verl/trainer/config`: $VERL_CONFIG_DIR, setup.sh's .venv-verl, else an importable
+    verl."""
     if os.environ.get("VERL_CONFIG_DIR"):
         return Path(os.environ["VERL_CONFIG_DIR"])
-    aside = REPO / ".venv" / "verl-0.9.1" / "verl" / "trainer" / "config"
-    if aside.is_dir():
+    for aside in sorted(REPO.glob(".venv-verl/lib/python*/site-packages/verl/trainer/config")):
         return aside
     spec = importlib.util.find_spec("verl")
     if spec is None or not spec.submodule_search_locations:
@@ -276,7 +277,7 @@ def verl_config_dir() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config"
 
 
-HOW = "./setup.sh test (installs hydra-core, and verl 0.9.1 without its dependencies into .venv/verl-0.9.1)"
+HOW = "./setup.sh test (installs hydra-core, and verl 0.9.1 with its dependencies into .venv-verl)"
 
 
 @pytest.fixture(scope="module")

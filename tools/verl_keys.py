@@ -3,7 +3,7 @@
 `autotune check` reads a verl override file against that list: verl's Hydra config is in struct mode, so an
 override of a key it does not have makes `python -m verl.trainer.main_ppo` fail at start-up, and a misspelt
 key must be a finding, not silence. autotune never imports verl; this tool reads verl's config files (the
-copy `./setup.sh test` puts in .venv/verl-0.9.1) with hydra-core, once, and the list ships with autotune.
+copy `./setup.sh test` installs in .venv-verl) with hydra-core, once, and the list ships with autotune.
 
     .venv/bin/python tools/verl_keys.py            # writes the list
     .venv/bin/python tools/verl_keys.py --check    # exit 1 if the shipped list differs from verl's config
@@ -16,14 +16,16 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIG_DIR = REPO / ".venv" / "verl-0.9.1" / "verl" / "trainer" / "config"
+CONFIG_DIR = next(iter(sorted(REPO.glob(".venv-verl/lib/python*/site-packages/verl/trainer/config"))), None)
 OUT_FILE = REPO / "autotune" / "formats" / "verl_keys.txt"
 HEADER = "# every key of verl 0.9.1's composed ppo_trainer config (tools/verl_keys.py writes this file)\n"
 
 
-def verl_keys(config_dir: Path = CONFIG_DIR) -> list[str]:
+def verl_keys(config_dir: Path | None = CONFIG_DIR) -> list[str]:
     from hydra import compose, initialize_config_dir
 
+    if config_dir is None:
+        raise SystemExit("verl 0.9.1 is not installed in .venv-verl: run ./setup.sh test first")
     with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
         return keys_of(compose("ppo_trainer"))
 
