@@ -105,7 +105,9 @@ GPU_PLAN = Plan(
             "max_prompt_length": 64,
             "max_response_length": 64,
         },
-        "seed_configs": [{"name": "start small (seed §7)", **batch(64, 16, 4, 2, 64, 64, workers=1)}],
+        "seed_configs": [
+            {"name": "start small (the article's advice)", **batch(64, 16, 4, 2, 64, 64, workers=1)}
+        ],
     },
     probe_timeout=90.0,
     iterations=2,

@@ -94,7 +94,7 @@ def standard_study(name: str = "report-test", storage: str | None = None) -> opt
         knobs(),
         10.0,
         0.5,
-        seed_config="hand-made (seed §5.3 scaled)",
+        seed_config="hand-made (the article's small-GPU config, scaled)",
         predicted_peak_bytes=int(0.55 * GIB),
         calibration_points=0,
     )  # 0

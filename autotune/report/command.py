@@ -103,5 +103,5 @@ def report_study(options: ReportOptions, console: Console | None = None) -> int:
     excluded = confirm_winner(study, budget, options, console) if options.confirm else []
     result = write_report(study, options.out / options.study, budget, exclude=excluded)
     for line in result.messages:
-        console.print(line, markup=False, highlight=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)  # a launch line stays whole
     return result.exit_code

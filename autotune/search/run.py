@@ -106,5 +106,5 @@ def finish(tuner: Tuner, plan: StudyPlan, out_dir: Path, console: Console) -> in
     print_best(best_feasible(tuner.study, tuner.budget), tuner.budget, console)
     result = write_report(tuner.study, out_dir, tuner.budget, plan=plan)
     for line in result.messages:
-        console.print(line, markup=False, highlight=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)  # a launch line stays whole
     return result.exit_code
