@@ -100,33 +100,51 @@ def rollout(models: Models, ctx: StepContext, prompt_batches: Iterator[dict[str,
     c = ctx.config
     sequences, masks = [], []
     actor = unwrap(models.actor)
-    for _ in range(c.train_batch_size // c.rollout_batch_size):
-        batch = next(prompt_batches)
-        prompts = batch["input_ids"].repeat_interleave(c.rollout_n, dim=0).to(ctx.device)
-        prompt_mask = batch["attention_mask"].repeat_interleave(c.rollout_n, dim=0).to(ctx.device)
-        with torch.no_grad(), ctx.autocast():
-            out = actor.generate(
-                input_ids=prompts,
-                attention_mask=prompt_mask,
-                do_sample=True,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=c.max_response_length,
-                min_new_tokens=c.max_response_length,
-                use_cache=True,
-                pad_token_id=ctx.pad_token_id,
-            )
-        response_mask = torch.ones(
-            out.shape[0], c.max_response_length, dtype=prompt_mask.dtype, device=ctx.device
-        )
-        sequences.append(out)
-        masks.append(torch.cat([prompt_mask, response_mask], dim=1))
+    with inference(actor):
+        for _ in range(c.train_batch_size // c.rollout_batch_size):
+            _generate_one(actor, ctx, next(prompt_batches), sequences, masks)
     input_ids = torch.cat(sequences)
     return {
         "input_ids": input_ids,
         "attention_mask": torch.cat(masks),
         "responses": input_ids[:, c.max_prompt_length :],
     }
+
+
+@contextmanager
+def inference(model: torch.nn.Module):
+    """Generation runs in eval mode, as verl's rollout engine does: a model in training mode with gradient
+    checkpointing on makes Hugging Face drop the KV cache (every new token recomputes the whole sequence)."""
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train()
+
+
+def _generate_one(
+    actor: torch.nn.Module, ctx: StepContext, batch: dict, sequences: list, masks: list
+) -> None:
+    c = ctx.config
+    prompts = batch["input_ids"].repeat_interleave(c.rollout_n, dim=0).to(ctx.device)
+    prompt_mask = batch["attention_mask"].repeat_interleave(c.rollout_n, dim=0).to(ctx.device)
+    with torch.no_grad(), ctx.autocast():
+        out = actor.generate(
+            input_ids=prompts,
+            attention_mask=prompt_mask,
+            do_sample=True,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=c.max_response_length,
+            min_new_tokens=c.max_response_length,
+            use_cache=True,
+            pad_token_id=ctx.pad_token_id,
+        )
+    response_mask = torch.ones(
+        out.shape[0], c.max_response_length, dtype=prompt_mask.dtype, device=ctx.device
+    )
+    sequences.append(out)
+    masks.append(torch.cat([prompt_mask, response_mask], dim=1))
 
 
 # --- scoring -------------------------------------------------------------------------------------------
