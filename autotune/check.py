@@ -224,7 +224,7 @@ def memory_findings(
     card: tuple[str, float] | None,
     report: LengthReport | None,
 ) -> tuple[list[Finding], dict[str, Any]]:
-    estimate = estimate_memory(arch, config, gpus, target.sharding, target.offload)
+    estimate = estimate_memory(arch, config, gpus)
     text = describe(
         estimate,
         target.sharding,
@@ -256,7 +256,7 @@ def memory_findings(
             lengths = shorter_lengths(
                 config, report.suggested_prompt_length, report.suggested_response_length
             )
-        aid = first_aid(arch, config, gpus, card_gib * GIB, target.sharding, target.offload, lengths)
+        aid = first_aid(arch, config, gpus, card_gib * GIB, lengths)
         return [Finding("memory", problem, aid)], info
     tight = estimate.peak > TIGHT * card_gib * GIB
     margin = " — within 10% of the card: fragmentation may still OOM" if tight else ""

@@ -334,7 +334,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 def _cmd_probe(args: argparse.Namespace) -> int:
     from autotune.config.knobs import ProbeConfig, parse_sets
-    from autotune.config.rules import config_findings, position_findings, raise_for
+    from autotune.config.rules import config_findings, offload_findings, position_findings, raise_for
     from autotune.models.registry import resolve_model, resolve_reward_model
     from autotune.probe.contract import ProbeSettings
     from autotune.probe.devices import resolve_device
@@ -344,6 +344,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
     config = ProbeConfig(**parse_sets(args.sets))
     raise_for(config_findings(config, args.gpus))  # before the slow model lookup
+    device = resolve_device(args.device, args.gpus)
+    raise_for(offload_findings(config, device))
     spec = resolve_model(args.model, args.weights, args.trust_remote_code)
     resolve_reward_model(args.reward_model)
     raise_for(position_findings(config, spec))
@@ -351,7 +353,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         model=args.model,
         reward_model=args.reward_model,
         weights=args.weights,
-        device=resolve_device(args.device, args.gpus),
+        device=device,
         world_size=args.gpus,
         warmup_iterations=args.warmup,
         iterations=args.iterations,

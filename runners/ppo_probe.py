@@ -9,6 +9,7 @@ memory (result written), anything else a crash.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.probe.contract import OOM_EXIT_CODE
+from autotune.probe.contract import MMAP_THRESHOLD, OOM_EXIT_CODE
 from autotune.status import Status
 
 
@@ -58,7 +59,18 @@ def environment(device) -> dict[str, Any]:
     return env
 
 
-def setup_device(settings: dict[str, Any], rank: int, world_size: int):
+def return_freed_memory() -> None:
+    """On CPU the resident set stands in for a device's memory: blocks above 64 KiB get their own mappings, so
+    a freed tensor leaves the resident set as it leaves a GPU allocator's live bytes (glibc would otherwise
+    keep small freed tensors on its heap, and the peak would count heap fragments, not tensors)."""
+    import ctypes
+
+    m_mmap_threshold = -3
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(m_mmap_threshold, MMAP_THRESHOLD)
+
+
+def setup_device(settings: dict[str, Any], rank: int, world_size: int, sharded: bool):
     import torch
     import torch.distributed as dist
 
@@ -73,7 +85,8 @@ def setup_device(settings: dict[str, Any], rank: int, world_size: int):
     else:
         device = torch.device("cpu")
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    if world_size > 1:
+        return_freed_memory()
+    if world_size > 1 or sharded:  # FSDP needs a process group even on one rank
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(
             backend, rank=rank, world_size=world_size, device_id=device if device.type == "cuda" else None
@@ -87,14 +100,14 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     from autotune.config.knobs import ProbeConfig
     from autotune.models.registry import resolve_model, resolve_reward_model
     from autotune.models.tokenizer import load_tokenizer
-    from autotune.probe.rank.measure import NvmlSampler, peak_memory
+    from autotune.probe.rank.measure import NvmlSampler, peak_memory, reset_peak
     from autotune.probe.rank.models import build_models
     from autotune.probe.rank.ppo import StepContext, iteration, warmup_config
     from autotune.probe.rank.prompts import prompt_batches
 
     config = ProbeConfig(**job["config"])
     settings = job["settings"]
-    device = setup_device(settings, rank, world_size)
+    device = setup_device(settings, rank, world_size, config.sharded)
     torch.manual_seed(settings["seed"] + rank)
     actor_spec = resolve_model(settings["model"], settings["weights"], settings["trust_remote_code"])
     reward_spec = resolve_reward_model(settings["reward_model"])
@@ -112,6 +125,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
         texts=texts,
     )
     models = build_models(actor_spec, reward_spec, config, device, world_size)
+    reset_peak(device.type)
     sampler = NvmlSampler(device.index or 0) if device.type == "cuda" else None
     ctx = StepContext(
         config=config,
@@ -131,7 +145,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
         sampler.measuring(True)
     measured = [iteration(models, ctx, batches, generator) for _ in range(settings["iterations"])]
     utilization = sampler.stop() if sampler else None
-    if world_size > 1:
+    if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return {
         "status": Status.OK,

@@ -121,23 +121,26 @@ def test_kv_cache_of_the_rollout_share():
 
 
 def test_training_logits_and_activations_of_a_micro_batch():
-    config = ProbeConfig(micro_batch_size=16, max_prompt_length=32, max_response_length=64)
+    config = ProbeConfig(
+        micro_batch_size=16, max_prompt_length=32, max_response_length=64, gradient_checkpointing=False
+    )
     b = predict_components(TINY, config, world_size=1, device="cpu")
-    # response logits 16 × 65 × 32000 × 4 B = 133.1 MB (mmapped: over glibc's 32 MiB); three fp32 copies at
-    # once in backward (logits, accumulated grad, next select_backward grad) + the 64 × 32000 × 4 B = 8.2 MB
-    # row temporaries the heap keeps: one per sample + 8 (measured 19–30 rows at m=16)
+    # response logits 16 × 65 × 32000 × 4 B = 133.1 MB; three fp32 copies at once in backward (logits,
+    # accumulated grad, next select_backward grad) + two 64 × 32000 × 4 B = 8.2 MB row temporaries
     full, row = 16 * 65 * 32000 * 4, 64 * 32000 * 4
-    assert b.logits == 3 * full + (16 + 8) * row
+    assert b.logits == 3 * full + 2 * row
     # per token per layer (fp32): norms 2×3×64×4 = 1536, attention 4×(3×64 + 2×64) = 1280, MLP 16×128 = 2048
     tokens = 16 * 96
     per_layer = 1536 + 1280 + 2048
     assert b.activations == 2 * per_layer * tokens + 3 * 64 * 4 * tokens + 16 * 96 * 96
-    # scoring at the same micro batch: the logits once + four heap-kept row temporaries
-    assert b.scoring_logits == full + 4 * row
+    # scoring at the same micro batch: the logits once + two row temporaries
+    assert b.scoring_logits == full + 2 * row
 
 
 def test_gpu_activations_and_autocast_weight_copies_of_7b():
-    config = ProbeConfig(micro_batch_size=1, max_prompt_length=512, max_response_length=512)
+    config = ProbeConfig(
+        micro_batch_size=1, max_prompt_length=512, max_response_length=512, gradient_checkpointing=False
+    )
     b = predict_components(LLAMA_7B, config, device="cuda")
     # per token per layer under autocast: fp32 residual/norms 2×(3×4096×4 + 4096×2 bf16 cast) = 114,688;
     # bf16 attention (3×4096 + 2×4096) × 2 = 40,960 (q, k after RoPE, v, SDPA out, o_proj in); bf16 SwiGLU
@@ -161,28 +164,12 @@ def test_logits_with_a_large_vocabulary_and_on_gpu():
     assert gpu.scoring_logits == 16 * 65 * 151936 * (2 + 4) + 2 * row  # bf16 logits + their fp32 copy
 
 
-def test_cpu_prediction_does_not_drop_where_logit_rows_leave_the_heap():
-    # V = 151,936: a row of Lr × V × 4 B reaches glibc's 32 MiB mmap threshold at Lr = 56. Below it the heap
-    # keeps ~one more full copy of the logits (measured 3.6–6.4 copies), above it not (2.98): the physical
-    # peak drops at Lr = 56, the prediction holds the Lr = 55 value until the longer response catches up.
-    qwen = dataclasses.replace(TINY, vocab=151936)
-    model = MemoryModel(qwen, device="cpu")
-    lengths = range(48, 96)
-    predictions = [model.predict(ProbeConfig(micro_batch_size=16, max_response_length=n)) for n in lengths]
-    assert predictions == sorted(predictions)
-    b = predict_components(qwen, ProbeConfig(micro_batch_size=16, max_response_length=56), device="cpu")
-    assert b.allocator_retention > 0
-    assert b.total == b.static + max(b.phases.values()) + b.allocator_retention
-    assert (
-        predict_components(qwen, ProbeConfig(max_response_length=56), device="cuda").allocator_retention == 0
-    )
-
-
 def test_peak_is_static_plus_the_largest_phase_not_their_sum():
     b = predict_components(LLAMA_7B, ProbeConfig(), world_size=1, device="cuda")
     assert set(b.phases) == {"rollout", "scoring", "update"}
-    assert b.total == b.static + max(b.phases.values())
-    assert b.total < b.static + sum(b.phases.values())
+    totals = [b.phase_states[phase] + b.phases[phase] for phase in b.phases]
+    assert b.total == b.static + max(totals)
+    assert b.total < b.static + sum(totals)
     assert b.to_dict()["total"] == b.total
 
 
@@ -202,12 +189,22 @@ MONOTONE = [  # knob, values, the terms it grows
 @pytest.mark.parametrize("arch", [TINY, LLAMA_7B], ids=["tiny", "7b"])
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("use_lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("sharding", ["replicate", "full_shard", "shard_grad_op"])
 @pytest.mark.parametrize(("knob", "values", "terms"), MONOTONE)
-def test_prediction_never_decreases_when_a_memory_knob_grows(arch, device, use_lora, knob, values, terms):
+def test_prediction_never_decreases_when_a_memory_knob_grows(
+    arch, device, use_lora, sharding, knob, values, terms
+):
     # Sequences long enough that every knob's own term shows: at short ones a 7B model's full fine-tuning
     # peaks in AdamW's foreach step (a 27 GB temporary), which no batch knob moves.
-    base = ProbeConfig(train_batch_size=64, max_prompt_length=256, max_response_length=256, use_lora=use_lora)
-    model = MemoryModel(arch, world_size=1, device=device)
+    base = ProbeConfig(
+        train_batch_size=64,
+        max_prompt_length=256,
+        max_response_length=256,
+        use_lora=use_lora,
+        sharding=sharding,
+        gradient_checkpointing=False,
+    )
+    model = MemoryModel(arch, world_size=2, device=device)
     configs = [_grow(base, **{knob: v}) for v in values]
     predictions = [model.predict(c) for c in configs]
     assert predictions == sorted(predictions), (knob, predictions)
@@ -219,24 +216,88 @@ def test_prediction_never_decreases_when_a_memory_knob_grows(arch, device, use_l
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_gradient_checkpointing_lowers_the_update_peak(device):
-    config = ProbeConfig(micro_batch_size=8, max_prompt_length=1024, max_response_length=1024)
+    config = ProbeConfig(
+        micro_batch_size=8, max_prompt_length=1024, max_response_length=1024, gradient_checkpointing=False
+    )
     plain = predict_components(LLAMA_7B, config, device=device)
     checkpointed = predict_components(LLAMA_7B, _grow(config, gradient_checkpointing=True), device=device)
     assert checkpointed.activations < plain.activations / 10
     assert checkpointed.total < plain.total
     # never higher, even where another phase sets the peak
-    small = ProbeConfig(micro_batch_size=1, max_response_length=8)
+    small = ProbeConfig(micro_batch_size=1, max_response_length=8, gradient_checkpointing=False)
     assert (
         predict_components(TINY, _grow(small, gradient_checkpointing=True), device=device).total
         <= predict_components(TINY, small, device=device).total
     )
 
 
-def test_prior_prediction_is_constant_plus_factor_times_raw():
-    model = MemoryModel(TINY, device="cpu")
-    constant, factor = PRIORS["cpu"]
-    config = ProbeConfig()
-    assert model.predict(config) == int(constant + factor * model.raw_bytes(config))
+def test_prior_prediction_scales_the_dynamic_bytes_not_the_states():
+    model = MemoryModel(LLAMA_7B, world_size=2, device="cuda")
+    constant, factor = PRIORS["cuda"]
+    config = ProbeConfig(micro_batch_size=8, max_prompt_length=512, max_response_length=512)
+    b = model.breakdown(config)
+    phase = b.peak_phase_at(factor)
+    exact, dynamic = model.split(config)
+    assert exact == b.static + b.phase_states[phase] and dynamic == b.phases[phase]
+    assert model.predict(config) == int(constant + exact + factor * dynamic)
+    # the states (here 224 GB: actor, critic, reference, DDP buckets) are not multiplied by 1.1
+    assert model.predict(config) < constant + factor * b.total
+
+
+def test_full_shard_divides_the_states_and_keeps_the_reference_on_the_host():
+    config = ProbeConfig(algorithm="ppo", sharding="full_shard")
+    actor, critic = 6_738_415_616, 6_607_347_713
+    gpu = predict_components(LLAMA_7B, config, world_size=4, device="cuda")
+    assert gpu.weights == (actor + critic) * 4 // 4  # the bf16 reference's shards live on the host
+    assert gpu.gradients == (actor + critic) * 4 // 4 and gpu.optimizer == (actor + critic) * 8 // 4
+    assert gpu.ddp_buckets == 0
+    cpu = predict_components(LLAMA_7B, config, world_size=4, device="cpu")
+    assert cpu.weights == (actor + critic) * 4 // 4 + actor * 4 // 4
+    # rollout gathers the actor whole in bf16 (plus one unit being copied out); training gathers two units
+    layer = (actor - 2 * 32000 * 4096) // 32
+    assert gpu.gathered_rollout == actor * 2 + layer * 2
+    assert gpu.gathered_update == 2 * layer * 2
+    assert gpu.reduce_scatter == 2 * layer * 4  # the unit's fp32 gradient and its reduce-scatter buffer
+    assert gpu.update_autocast_weights == 0  # FSDP casts the gathered weights itself
+
+
+def test_shard_grad_op_keeps_what_a_forward_gathered():
+    full = predict_components(LLAMA_7B, ProbeConfig(sharding="full_shard"), world_size=4, device="cuda")
+    grad_op = predict_components(LLAMA_7B, ProbeConfig(sharding="shard_grad_op"), world_size=4, device="cuda")
+    assert grad_op.static == full.static
+    actor, critic = 6_738_415_616, 6_607_347_713
+    assert grad_op.gathered_scoring == (actor + actor + critic) * 2  # actor, reference, critic in bf16
+    assert grad_op.total > full.total
+
+
+def test_offload_moves_the_states_into_the_phases_that_use_them():
+    base = ProbeConfig(sharding="full_shard", micro_batch_size=1)
+    kept = predict_components(LLAMA_7B, base, world_size=4, device="cuda")
+    params = predict_components(LLAMA_7B, _grow(base, param_offload=True), world_size=4, device="cuda")
+    both = predict_components(
+        LLAMA_7B, _grow(base, param_offload=True, optimizer_offload=True), world_size=4, device="cuda"
+    )
+    assert params.weights == 0 and params.gradients == 0 and params.optimizer == kept.optimizer
+    assert both.optimizer == 0 and both.static == both.rollout_buffer
+    actor = 6_738_415_616
+    assert params.loaded_rollout == actor * 4 // 4
+    assert both.loaded_update == params.loaded_update + actor * 8 // 4
+    assert both.total < params.total < kept.total
+    # on CPU there is no device to offload from: the holding is the plain sharded one
+    cpu = predict_components(TINY, _grow(base, param_offload=True), world_size=2, device="cpu")
+    assert cpu.total == predict_components(TINY, base, world_size=2, device="cpu").total
+
+
+def test_lora_adapters_save_their_fp32_inputs_under_autocast():
+    config = ProbeConfig(use_lora=True, micro_batch_size=2, gradient_checkpointing=False)
+    full = _grow(config, use_lora=False)
+    tokens, h, i = 2 * config.sequence_length, 4096, 11008
+    lora = predict_components(LLAMA_7B, config, device="cuda").activations
+    plain = predict_components(LLAMA_7B, full, device="cuda").activations
+    assert lora - plain == 32 * (12 * h + 2 * i) * tokens
+    assert predict_components(TINY, config, device="cpu").activations == (
+        predict_components(TINY, full, device="cpu").activations
+    )
 
 
 def test_calibration_recovers_a_known_constant_and_factor():

@@ -125,9 +125,15 @@ def test_best_config_has_the_seeds_schema_and_the_chosen_trials_figures(written)
     assert data["actor_model_config"] == {
         "model_name_or_path": "meta-llama/Llama-2-7b-hf",
         "use_lora": False,
-        "gradient_checkpointing": False,
+        "gradient_checkpointing": True,
+        "fsdp_config": {
+            "sharding_strategy": "NO_SHARD",
+            "cpu_offload": False,
+            "param_offload": False,
+            "optimizer_offload": False,
+        },
     }
-    assert data["critic_model_config"] == {"use_lora": False, "gradient_checkpointing": False}
+    assert data["critic_model_config"] == {"use_lora": False, "gradient_checkpointing": True}
     assert (data["kl_coef"], data["kl_placement"]) == (0.05, "reward")
     assert data["rollout_engine"]["name"] == "vllm"
     assert data["reward_model_config"] == {
@@ -213,7 +219,7 @@ def test_no_feasible_trial_writes_no_recommendation_and_exits_non_zero(tmp_path)
     assert not (out / "best_config.yaml").exists() and not (out / "verl_overrides.txt").exists()
     text = (out / "report.md").read_text()
     assert "No feasible configuration" in text
-    assert "micro_batch_size 4→2" in text and "use_lora: true" in text and "cpu_offload" in text
+    assert "micro_batch_size 4→2" in text and "use_lora: true" in text and "offload_policy: true" in text
     assert "max_response_length 16→8" in text
     assert result.messages[0].startswith("no feasible configuration")
 
@@ -281,7 +287,13 @@ def test_lora_grpo_on_two_gpus(tmp_path):
         "use_lora": True,
         "lora_r": 32,
         "lora_alpha": 64,
-        "gradient_checkpointing": False,
+        "gradient_checkpointing": True,
+        "fsdp_config": {
+            "sharding_strategy": "NO_SHARD",
+            "cpu_offload": False,
+            "param_offload": False,
+            "optimizer_offload": False,
+        },
     }
     assert "critic_model_config" not in data and data["kl_placement"] == "loss"
     assert data["algorithm"] == "grpo" and data["rollout_n"] == 4 and data["log_prob_micro_batch_size"] == 8

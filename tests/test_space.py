@@ -200,6 +200,7 @@ def test_config_to_params_says_why_a_config_does_not_fit():
         max_response_length=12,  # not a choice
         algorithm="grpo",
         rollout_n=2,
+        gradient_checkpointing=False,
     )
     assert config_to_params(space, config) is None
     reasons = misfits(space, config)

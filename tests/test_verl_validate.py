@@ -51,6 +51,22 @@ CASES = {
     for kl in (True, False)
     for gpus in (1, 2)
 }
+HOLDINGS = {  # how the states are held, on 2 GPUs: (knobs, what verl's engine config must read)
+    "full_shard": ({"sharding": "full_shard"}, {"fsdp_size": -1, "reshard_after_forward": True}),
+    "shard_grad_op": ({"sharding": "shard_grad_op"}, {"fsdp_size": -1, "reshard_after_forward": False}),
+    "replicate": ({}, {"fsdp_size": 1}),
+    "phase offload": (
+        {"sharding": "full_shard", "param_offload": True, "optimizer_offload": True},
+        {"param_offload": True, "optimizer_offload": True, "offload_policy": False},
+    ),
+    "offload_policy": ({"sharding": "full_shard", "offload_policy": True}, {"offload_policy": True}),
+}
+for holding_name, (knobs, _) in HOLDINGS.items():
+    for lora in (False, True):
+        CASES[f"ppo {holding_name}{' lora' if lora else ''} 2gpu"] = (
+            dataclasses.replace(PPO, use_lora=lora, lora_r=8, lora_alpha=16, **knobs),
+            2,
+        )
 
 
 def run_verl(cases: list[dict]) -> dict[str, dict]:
@@ -99,6 +115,17 @@ def test_verl_validates_the_exported_job(verdicts, name):
     # With LoRA, verl's last step looks the rank up in vLLM's table, which needs vLLM (not installable here):
     # every other check ran; that one is re-stated by autotune's rule (rank <= 512, tests/test_verl_export.py)
     assert ("not_run" in verdict) == config.use_lora
+    # verl's own config classes read the states' holding as the probe held them, for actor and critic
+    for model, engine in verdict["holding"].items():
+        assert engine["strategy"] == "fsdp2", (model, engine)
+        assert engine["fsdp_size"] == (-1 if config.sharded else 1)
+        assert engine["reshard_after_forward"] == (config.sharding != "shard_grad_op")
+        assert engine["use_no_sync_for_gradient_accumulation"] is False
+        assert engine["model_dtype"] == ("bf16" if config.use_lora else "fp32")
+        for knob in ("param_offload", "optimizer_offload", "offload_policy"):
+            assert engine[knob] == getattr(config, knob), (model, knob)
+    holding = next((want for key, (_, want) in HOLDINGS.items() if name.startswith(f"ppo {key}")), {})
+    assert holding.items() <= verdict["holding"]["actor"].items()
 
 
 def test_a_file_without_the_rollout_engine_is_refused_by_verl(tmp_path):

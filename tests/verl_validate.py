@@ -57,6 +57,7 @@ def validate(compose, overrides: list[str]) -> dict[str, Any]:
                     raise
                 out["not_run"] = VLLM_LORA_STEP
             rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
+            out["holding"] = holding(config, out["use_critic"], omega_conf_to_dataclass)
         out["rollout"] = {
             "name": rollout.name,
             "tensor_model_parallel_size": rollout.tensor_model_parallel_size,
@@ -67,6 +68,28 @@ def validate(compose, overrides: list[str]) -> dict[str, Any]:
     except Exception as exc:  # verl's own refusal, reported to the test
         out["error"] = f"{type(exc).__name__}: {exc}"[-3000:]
     return out
+
+
+HOLDING_FIELDS = (
+    "strategy",
+    "fsdp_size",
+    "reshard_after_forward",
+    "param_offload",
+    "optimizer_offload",
+    "offload_policy",
+    "model_dtype",
+    "use_no_sync_for_gradient_accumulation",
+)
+
+
+def holding(config, use_critic: bool, to_dataclass) -> dict[str, dict[str, Any]]:
+    """How verl's own config classes (FSDPActorConfig, its critic config, the engine configs) hold each
+    trained model's states, after their __post_init__ checks: the strategy reaches the engine config."""
+    models = {"actor": to_dataclass(config.actor_rollout_ref.actor).fsdp_config}
+    if use_critic:
+        critic = to_dataclass(config.critic)
+        models["critic"] = getattr(critic, "fsdp_config", None) or critic.fsdp
+    return {name: {k: getattr(engine, k, None) for k in HOLDING_FIELDS} for name, engine in models.items()}
 
 
 def main() -> int:

@@ -14,9 +14,21 @@ from typing import Any
 
 from autotune.errors import UserError
 
-__all__ = ["ALGORITHMS", "KNOB_NAMES", "MAX_KL_COEF", "ProbeConfig", "parse_sets", "physical_cores"]
+__all__ = [
+    "ALGORITHMS",
+    "KNOB_NAMES",
+    "MAX_KL_COEF",
+    "SHARDINGS",
+    "ProbeConfig",
+    "parse_sets",
+    "physical_cores",
+]
 
 ALGORITHMS = ("ppo", "grpo")
+# How the training states are held across the W ranks: DDP replicas, or torch FSDP2 (verl's FSDP engine) that
+# reshards the parameters after every forward (FULL_SHARD, verl's default) or keeps them for the backward
+# (SHARD_GRAD_OP, verl's reshard_after_forward=false).
+SHARDINGS = ("replicate", "full_shard", "shard_grad_op")
 MAX_KL_COEF = 100.0  # a KL coefficient beyond this is a typo: the KL term would drown the policy loss
 
 
@@ -34,7 +46,13 @@ class ProbeConfig:
     # Forward-only passes (old/ref log-probs, values) carry no activations for backward: verl's guide says
     # about twice the training micro batch fits. None means "same as micro_batch_size".
     log_prob_micro_batch_size: int | None = None
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = True  # verl's default (model.enable_gradient_checkpointing)
+    sharding: str = "replicate"  # one of SHARDINGS
+    param_offload: bool = False  # verl's fsdp_config.param_offload: weights on the CPU outside their phases
+    optimizer_offload: bool = False  # verl's optimizer_offload: Adam's states on the CPU outside the update
+    # verl's fsdp_config.offload_policy (FSDP2's CPUOffloadPolicy): parameters, gradients and Adam's states
+    # live on the CPU, each unit is copied in for its compute and the optimizer steps on the CPU
+    offload_policy: bool = False
     algorithm: str = "ppo"
     rollout_n: int = 1
     use_lora: bool = False
@@ -47,6 +65,14 @@ class ProbeConfig:
         """KL against a reference policy (verl builds the reference model only then): kl_coef > 0. PPO puts it
         in the reward (k1), GRPO in the loss (k3, verl's low_var_kl)."""
         return self.kl_coef > 0
+
+    @property
+    def sharded(self) -> bool:
+        return self.sharding != "replicate"
+
+    @property
+    def offloaded(self) -> bool:
+        return self.param_offload or self.optimizer_offload or self.offload_policy
 
     @property
     def forward_micro_batch_size(self) -> int:

@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.config.knobs import ALGORITHMS, MAX_KL_COEF, ProbeConfig, physical_cores
+from autotune.config.knobs import ALGORITHMS, MAX_KL_COEF, SHARDINGS, ProbeConfig, physical_cores
 from autotune.config.numbers import MAX_INT, number_problem
 from autotune.errors import UserError
 from autotune.units import divisors, round_up
@@ -90,13 +90,19 @@ def make_config(overrides: dict[str, Any], world_size: int, base: ProbeConfig | 
 
 
 def config_findings(
-    config: ProbeConfig, world_size: int, cores: int | None = None, model_spec: Any = None
+    config: ProbeConfig,
+    world_size: int,
+    cores: int | None = None,
+    model_spec: Any = None,
+    device: str | None = None,
 ) -> list[Finding]:
     """Every rule `config` breaks on `world_size` GPUs; `cores` defaults to this machine's physical cores,
-    and the position rule runs when `model_spec` (a registry ModelSpec) is given."""
+    the position rule runs when `model_spec` (a registry ModelSpec) is given, the offload rule when `device`
+    is."""
     found = value_findings(config)
     if found:  # the divisibility rules below need positive sizes
         return found
+    found += offload_findings(config, device)
     found += _group_findings(config, world_size)
     found += _rollout_findings(config, world_size)
     found += _mini_batch_findings(config, world_size)
@@ -124,6 +130,11 @@ def value_findings(c: ProbeConfig) -> list[Finding]:
                     "values", f"{key}={value}: {problem}", f"{key}: {_example(bound)}", key=key, value=value
                 )
             )
+    if c.sharding not in SHARDINGS:
+        fix = f"sharding: one of {', '.join(SHARDINGS)}"
+        found.append(
+            Finding("values", f"sharding={c.sharding}: unknown", fix, "problem", "sharding", c.sharding)
+        )
     if c.algorithm not in ALGORITHMS:
         fix = f"algorithm: one of {', '.join(ALGORITHMS)}"
         found.append(
@@ -224,6 +235,23 @@ def _mini_batch_findings(c: ProbeConfig, gpus: int) -> list[Finding]:
             )
         )
     return found
+
+
+def offload_findings(c: ProbeConfig, device: str | None = None) -> list[Finding]:
+    """Offload moves FSDP's sharded states to the CPU between uses (verl's param/optimizer offload): it needs
+    sharded states, and a GPU to offload from (on a CPU there is nowhere else to put them)."""
+    if not c.offloaded:
+        return []
+    which = next(k for k in ("param_offload", "optimizer_offload", "offload_policy") if getattr(c, k))
+    if not c.sharded:
+        fix = "sharding: full_shard (or shard_grad_op), or no offload"
+        return [
+            Finding("offload", f"{which}=true with sharding={c.sharding}: offload is FSDP's", fix, key=which)
+        ]
+    if device == "cpu":
+        problem = f"{which}=true on CPU: offload moves the states from a GPU to the CPU, and there is no GPU"
+        return [Finding("offload", problem, f"{which}: false (offload is measured on CUDA)", key=which)]
+    return []
 
 
 def worker_findings(c: ProbeConfig, cores: int | None = None) -> list[Finding]:

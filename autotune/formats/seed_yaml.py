@@ -54,7 +54,9 @@ REQUIRED = (
     "max_response_length",
 )
 WRITTEN_KNOBS = (*REQUIRED[:4], "num_rollout_workers", *REQUIRED[4:])  # best_config.yaml's order
-FSDP_KEYS = {"sharding_strategy": STR, "cpu_offload": BOOL}
+# The article's fsdp_config (sharding_strategy; cpu_offload: FSDP's CPU offload, i.e. verl's offload_policy)
+# and verl's phase offloads
+FSDP_KEYS = {"sharding_strategy": STR, "cpu_offload": BOOL, "param_offload": BOOL, "optimizer_offload": BOOL}
 SECTIONS: dict[str, dict[str, str]] = {
     "actor_model_config": {
         "model_name_or_path": STR,
@@ -87,6 +89,7 @@ SHARDING = {  # torch FSDP strategy -> how the states are modelled
     "_HYBRID_SHARD_ZERO2": "shard_grad_op",
     "NO_SHARD": "none",
 }
+STRATEGY = {"replicate": "NO_SHARD", "full_shard": "FULL_SHARD", "shard_grad_op": "SHARD_GRAD_OP"}
 
 
 # --- writing ---------------------------------------------------------------------------------------------
@@ -112,7 +115,11 @@ def seed_document(
         kl_coef=c.kl_coef,
         kl_placement=kl_placement(c),
     )
-    data["actor_model_config"] = {"model_name_or_path": model_name_or_path(model), **_trained(c)}
+    data["actor_model_config"] = {
+        "model_name_or_path": model_name_or_path(model),
+        **_trained(c),
+        "fsdp_config": _fsdp(c),
+    }
     if c.algorithm == "ppo":
         data["critic_model_config"] = _trained(c)
     if engine is not None:
@@ -148,6 +155,16 @@ def _trained(c: ProbeConfig) -> dict[str, Any]:
     return trained
 
 
+def _fsdp(c: ProbeConfig) -> dict[str, Any]:
+    """How the states are held, in the article's fsdp_config (cpu_offload is FSDP's own offload)."""
+    return {
+        "sharding_strategy": STRATEGY[c.sharding],
+        "cpu_offload": c.offload_policy,
+        "param_offload": c.param_offload,
+        "optimizer_offload": c.optimizer_offload,
+    }
+
+
 def seed_yaml(document: dict[str, Any], header: str = "") -> str:
     return header + yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
 
@@ -174,8 +191,8 @@ def read_seed(data: dict[str, Any], path: Path) -> Target:
         raise UserError(f"config '{path}': " + "; ".join(check.errors))
     actor, reward = sections["actor_model_config"], sections["reward_model_config"]
     fsdp = {**sections["fsdp_config"], **actor.get("fsdp_config", {})}
-    config = _config(knobs, actor)
     strategy = str(fsdp.get("sharding_strategy", "NO_SHARD" if not fsdp else "FULL_SHARD")).upper()
+    config = _held(_config(knobs, actor), strategy, fsdp)
     findings += _strategy_findings(strategy) + _placement_findings(knobs.get("kl_placement"), config)
     engine = sections["rollout_engine"]
     measured = data.get("measured") if isinstance(data.get("measured"), dict) else {}
@@ -188,7 +205,7 @@ def read_seed(data: dict[str, Any], path: Path) -> Target:
         reward_trainable=bool(reward.get("trainable", False)),
         sharding=SHARDING.get(strategy, "none"),
         sharding_label=f"FSDP {strategy}" if fsdp else "replicated (DDP)",
-        offload=bool(fsdp.get("cpu_offload", False)),
+        offload=config.offloaded,
         gpus=measured.get("gpus") if isinstance(measured.get("gpus"), int) else None,
         memory_gib=float(budget) if isinstance(budget, (int, float)) else None,
         findings=findings,
@@ -256,6 +273,17 @@ def _config(knobs: dict[str, Any], actor: dict[str, Any]) -> ProbeConfig:
         if actor.get(key) is not None:
             values[key] = actor[key]
     return dataclasses.replace(ProbeConfig(), **values)
+
+
+def _held(config: ProbeConfig, strategy: str, fsdp: dict[str, Any]) -> ProbeConfig:
+    sharding = SHARDING.get(strategy, "none")
+    return dataclasses.replace(
+        config,
+        sharding="replicate" if sharding == "none" else sharding,
+        offload_policy=bool(fsdp.get("cpu_offload", False)),
+        param_offload=bool(fsdp.get("param_offload", False)),
+        optimizer_offload=bool(fsdp.get("optimizer_offload", False)),
+    )
 
 
 def _strategy_findings(strategy: str) -> list[Finding]:

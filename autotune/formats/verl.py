@@ -68,6 +68,11 @@ VERL_DEFAULTS: dict[str, Any] = {
     f"{AR}.actor.use_dynamic_bsz": False,
     f"{AR}.rollout.agent.num_workers": 8,
     f"{AR}.rollout.tensor_model_parallel_size": 2,
+    f"{AR}.actor.fsdp_config.fsdp_size": -1,
+    f"{AR}.actor.fsdp_config.reshard_after_forward": True,
+    f"{AR}.actor.fsdp_config.param_offload": False,
+    f"{AR}.actor.fsdp_config.optimizer_offload": False,
+    f"{AR}.actor.fsdp_config.offload_policy": False,
     "algorithm.adv_estimator": "gae",
     "trainer.nnodes": 1,
 }
@@ -145,7 +150,7 @@ def verl_overrides(
     Every setting that changes what verl does or how much memory it needs is written, with the value the
     probe used: the batch sizes, the rollout engine (`engine`: see autotune.formats.rollout), the KL (PPO: in
     the reward, k1; GRPO: in the loss, k3; none when kl_coef is 0, and then no reference model), LoRA for the
-    actor and the critic, gradient checkpointing, FSDP without offload."""
+    actor and the critic, gradient checkpointing, and how the states are held (FSDP2, resharding, offload)."""
     broken = problems(config_findings(config, n_gpus, cores=max(1, config.num_rollout_workers)))
     if broken:
         lines = "; ".join(f.line for f in broken)
@@ -232,11 +237,27 @@ def _model_keys(c: ProbeConfig, model_path: str | None) -> dict[str, Any]:
         if c.use_lora:
             values[f"{model}.lora_rank"] = c.lora_r
             values[f"{model}.lora_alpha"] = c.lora_alpha
-        values[f"{trainer}.strategy"] = "fsdp"
-        values[f"{fsdp}.param_offload"] = False
-        values[f"{fsdp}.optimizer_offload"] = False
-    values[f"{AR}.ref.fsdp_config.param_offload"] = False
+        values[f"{trainer}.strategy"] = "fsdp2"  # the reference follows the actor's strategy
+        values.update(_holding_keys(c, fsdp))
+        values[f"{fsdp}.param_offload"] = c.param_offload
+        values[f"{fsdp}.optimizer_offload"] = c.optimizer_offload
+        values[f"{fsdp}.offload_policy"] = c.offload_policy
+        if c.use_lora:  # the probe's LoRA base is bf16; verl would load a training model in fp32
+            values[f"{fsdp}.model_dtype"] = "bf16"
+    values.update(_holding_keys(c, f"{AR}.ref.fsdp_config"))
     return values
+
+
+def _holding_keys(c: ProbeConfig, fsdp: str) -> dict[str, Any]:
+    """FSDP2 as the probe held the states: sharded over every GPU (fsdp_size -1) or, for `replicate`, shard
+    groups of one GPU (fsdp_size 1: every GPU holds everything, gradients are all-reduced); the parameters
+    resharded after the forward (full_shard) or kept to the backward (shard_grad_op); gradients reduced every
+    micro-batch, as the probe does."""
+    return {
+        f"{fsdp}.fsdp_size": -1 if c.sharded else 1,
+        f"{fsdp}.reshard_after_forward": c.sharding != "shard_grad_op",
+        f"{fsdp}.use_no_sync_for_gradient_accumulation": False,
+    }
 
 
 # --- reading back -------------------------------------------------------------------------------------
@@ -250,7 +271,6 @@ def read_overrides(text: str) -> Target:
     get = {**VERL_DEFAULTS, **values}.get
     nodes, per_node = get("trainer.nnodes"), get("trainer.n_gpus_per_node")
     gpus = per_node * nodes if isinstance(per_node, int) and isinstance(nodes, int) else None
-    offload = any(get(f"{AR}.actor.fsdp_config.{k}") is True for k in ("param_offload", "optimizer_offload"))
     reward = get("reward_model.model.path") if get("reward_model.enable") else None
     config = _config(get, gpus or 1)
     engine = RolloutEngine(
@@ -264,9 +284,9 @@ def read_overrides(text: str) -> Target:
         config=config,
         model=get(f"{AR}.model.path"),
         reward_model=reward,
-        sharding="full_shard",
-        sharding_label="verl FSDP, FULL_SHARD (its default)",
-        offload=offload,
+        sharding=_sharding_label(config)[0],
+        sharding_label=_sharding_label(config)[1],
+        offload=config.offloaded if config else False,
         gpus=gpus,
         findings=unknown_key_findings(values),
         overrides=values,
@@ -333,7 +353,33 @@ def _config(get: Any, gpus: int) -> ProbeConfig | None:
         lora_r=lora if isinstance(lora, int) and lora > 0 else ProbeConfig.lora_r,
         lora_alpha=_int_or(get(f"{AR}.model.lora_alpha"), ProbeConfig.lora_alpha),
         kl_coef=_kl_coef(get),
+        **_holding(get, gpus),
     )
+
+
+def _holding(get: Any, gpus: int) -> dict[str, Any]:
+    """How verl holds the states: FSDP over every GPU unless shard groups of one GPU (fsdp_size 1) replicate
+    them; reshard_after_forward false keeps the gathered weights to the backward (SHARD_GRAD_OP)."""
+    fsdp = f"{AR}.actor.fsdp_config"
+    if get(f"{fsdp}.fsdp_size") == 1:
+        sharding = "replicate"
+    else:
+        sharding = "shard_grad_op" if get(f"{fsdp}.reshard_after_forward") is False else "full_shard"
+    return {
+        "sharding": sharding,
+        "param_offload": get(f"{fsdp}.param_offload") is True,
+        "optimizer_offload": get(f"{fsdp}.optimizer_offload") is True,
+        "offload_policy": get(f"{fsdp}.offload_policy") is True,
+    }
+
+
+def _sharding_label(config: ProbeConfig | None) -> tuple[str, str]:
+    """(the check's sharding name, how to say it)."""
+    if config is None or config.sharding == "full_shard":
+        return "full_shard", "verl FSDP, FULL_SHARD (its default)"
+    if config.sharding == "shard_grad_op":
+        return "shard_grad_op", "verl FSDP, reshard_after_forward false (SHARD_GRAD_OP)"
+    return "none", "verl FSDP with fsdp_size 1 (replicated)"
 
 
 def _kl_coef(get: Any) -> float:

@@ -1,7 +1,8 @@
 """What to change when a configuration does not fit: one ordered list of remedies, for the report and `check`.
 
 The order is the seed article's first aid for an out-of-memory run: halve the micro batch first, then the
-forward-only micro batch, then shorten the lengths (never below what the data needs), then trade time for
+forward-only micro batch, then the rollout batch (its KV cache; the train batch stays), then shorten the
+lengths (never below what the data needs), then trade time for
 memory (gradient checkpointing), then change what is trained (LoRA) or where the states live (FSDP with CPU
 offload). Raising gradient accumulation does not lower the peak: it only lengthens the step.
 
@@ -30,11 +31,9 @@ GRADIENT_ACCUMULATION_NOTE = (
 class Remedy:
     """One change that lowers the peak: its name, what to do, and the config (and state layout) after it."""
 
-    name: str  # micro, forward_micro, lengths, checkpointing, lora, offload
+    name: str  # micro, forward_micro, rollout, lengths, checkpointing, lora, offload
     change: str
     config: ProbeConfig
-    sharding: str | None = None  # None: the layout stays as it is
-    offload: bool = False
 
 
 def shorter_lengths(
@@ -53,10 +52,9 @@ def shorter_lengths(
     return half if unchanged else (prompt, response)
 
 
-def remedies(
-    config: ProbeConfig, lengths: tuple[int, int] | None = None, offloaded: bool = False
-) -> list[Remedy]:
-    """Single changes that lower the peak of `config`, in first-aid order (see the module docstring)."""
+def remedies(config: ProbeConfig, lengths: tuple[int, int] | None = None, gpus: int = 1) -> list[Remedy]:
+    """Single changes that lower the peak of `config` on `gpus` GPUs, in first-aid order (see the module
+    docstring)."""
     c, found = config, []
     if c.micro_batch_size > 1:
         m = c.micro_batch_size // 2
@@ -67,6 +65,10 @@ def remedies(
         lm = c.forward_micro_batch_size // 2
         change = f"log_prob_micro_batch_size {c.forward_micro_batch_size}→{lm}"
         found.append(Remedy("forward_micro", change, _with(c, log_prob_micro_batch_size=lm)))
+    half = c.rollout_batch_size // 2
+    if c.rollout_batch_size % 2 == 0 and half % (gpus * c.rollout_n) == 0:
+        change = f"rollout_batch_size {c.rollout_batch_size}→{half}"
+        found.append(Remedy("rollout", change, _with(c, rollout_batch_size=half)))
     lp, lr = lengths or shorter_lengths(c)
     if (lp, lr) != (c.max_prompt_length, c.max_response_length):
         change = (
@@ -79,8 +81,9 @@ def remedies(
         )
     if not c.use_lora:
         found.append(Remedy("lora", f"use_lora: true (r={c.lora_r})", _with(c, use_lora=True)))
-    if not offloaded:
-        found.append(Remedy("offload", "FSDP FULL_SHARD with cpu_offload: true", c, "full_shard", True))
+    if not c.offload_policy:
+        change = "sharding: full_shard with offload_policy: true (states on the CPU, Adam steps there)"
+        found.append(Remedy("offload", change, _with(c, sharding="full_shard", offload_policy=True)))
     return found
 
 
@@ -93,24 +96,25 @@ def first_aid(
     config: ProbeConfig,
     gpus: int,
     card_bytes: float,
-    sharding: str = "none",
-    offload: bool = False,
     lengths: tuple[int, int] | None = None,
 ) -> str:
-    """First aid for a config predicted not to fit `card_bytes`: each step on top of the previous, with the
-    predicted peak after it (CUDA priors, as `estimate_memory`)."""
+    """First aid for a config (held as it says) predicted not to fit `card_bytes`: each step on top of the
+    previous, with the predicted peak after it (CUDA priors, as `estimate_memory`)."""
 
-    def peak(c: ProbeConfig, layout: str = sharding, off: bool = offload) -> float:
-        return estimate_memory(arch, c, gpus, layout, off).peak
+    def peak(c: ProbeConfig) -> float:
+        return estimate_memory(arch, c, gpus).peak
 
     def mark(value: float) -> str:
         return f"{gib(value)} GiB" + (" fits" if value <= card_bytes else "")
 
-    by_name = {r.name: r for r in remedies(config, lengths, offload)}
+    by_name = {r.name: r for r in remedies(config, lengths, gpus)}
     current, steps = config, []
     if "micro" in by_name:
         current = by_name["micro"].config
         steps.append(f"{by_name['micro'].change}: {mark(peak(current))}")
+    if peak(current) > card_bytes and "rollout" in by_name:
+        current = _with(current, rollout_batch_size=by_name["rollout"].config.rollout_batch_size)
+        steps.append(f"+ {by_name['rollout'].change}: {mark(peak(current))}")
     lp, lr = lengths or shorter_lengths(config)
     if peak(current) > card_bytes and "lengths" in by_name:
         current = _with(current, max_prompt_length=lp, max_response_length=lr)
@@ -119,7 +123,8 @@ def first_aid(
     if peak(current) > card_bytes and "lora" in by_name:
         options.append(f"+ {by_name['lora'].change}: {mark(peak(_with(current, use_lora=True)))}")
     if peak(current) > card_bytes and "offload" in by_name:
-        options.append(f"+ {by_name['offload'].change}: {mark(peak(current, 'full_shard', True))}")
+        offloaded = _with(current, sharding="full_shard", offload_policy=True)
+        options.append(f"+ {by_name['offload'].change}: {mark(peak(offloaded))}")
     if options:
         steps.append(" or ".join(options))
     numbered = [f"{i}) {step}" for i, step in enumerate(steps, start=1)]

@@ -3,22 +3,32 @@
 The model follows what `autotune.probe.rank.ppo` and `autotune.probe.rank.models` actually allocate, per rank:
 
 - static (alive through the whole iteration): the weights of the actor, the reference (none with LoRA: the
-  base model with adapters disabled is the reference), the critic (PPO only) and the reward model, in the
-  probe's dtypes (GPU: trainable fp32 under bf16 autocast, frozen bf16; CPU: everything fp32); the fp32
-  gradients and the two fp32 AdamW moments of every trainable parameter; DDP's gradient buckets (one more
-  copy of the gradients) when W > 1; the rollout buffer (ids, masks, per-token floats of T/W samples).
+  base model with adapters disabled is the reference; none without KL), the critic (PPO only) and the reward
+  model, in the probe's dtypes (GPU: trainable fp32 computing in bf16, frozen bf16; CPU: everything fp32);
+  the fp32 gradients and the two fp32 AdamW moments of every trainable parameter; DDP's gradient buckets (one
+  more copy of the gradients) when replicated over W > 1; the rollout buffer (ids, masks, per-token floats).
+  Sharded (FSDP), actor, critic and reference states are ÷ W — on CUDA the reference's shards live on the
+  host — and the reward model stays whole. Offloaded (CUDA), the weights and gradients, or Adam's states,
+  leave the static terms and come back in the phases that use them; with offload_policy they never come
+  back whole (each unit is copied in for its compute, Adam steps on the host).
 - one transient per phase, of which only the largest counts (the phases run one after another):
-  rollout (KV cache of R/W samples × (Lp+Lr) tokens, the per-step logits, the prefill), scoring (a
-  forward-only pass at the log-prob micro batch, logits of the response positions, the reward model at R/W)
-  and update (training activations at the micro batch, the logits chain with its gradients, the optimizer
-  step's temporaries).
+  rollout (KV cache of R/W samples × (Lp+Lr) tokens, the per-step logits, the prefill; sharded, the actor's
+  whole weights gathered at the compute dtype, as the rollout engine holds them), scoring (a forward-only
+  pass at the log-prob micro batch, logits of the response positions, the reward model at R/W) and update
+  (training activations at the micro batch, the logits chain with its gradients, the optimizer step's
+  temporaries). Under full_shard each pass holds the gathered unit (the largest of a block, the embedding, the
+  LM head) and its prefetched neighbour, and backward the unit's fp32 gradient with its reduce-scatter buffer;
+  under shard_grad_op what a forward gathered stays gathered until that model's backward (the reference's for
+  good), as FSDP2 does without resharding.
 
-`MemoryModel` adds what the formula cannot know — the runtime (CUDA context or the Python+torch process)
-as `constant`, and the allocator's fragmentation and caching as `factor` — and fits both to measured peaks:
+Each phase separates exact bytes (states, gathered weights: `phase_states`) from the dynamic ones
+(activations, logits, caches: `phases`). `MemoryModel` adds what the formula cannot know — the runtime
+(CUDA context or the Python+torch process) as `constant`, and the allocator's fragmentation and caching as
+`factor` on the dynamic bytes only — and fits both to measured peaks:
 
     model = MemoryModel(Architecture.from_specs(resolve_model("tiny-llama"), None), device="cpu")
     model.calibrate([(config_a, 580_000_000), (config_b, 1_000_000_000)])   # only `ok` probes' peaks
-    model.predict(config_c)          # bytes = constant + factor × raw
+    model.predict(config_c)          # bytes = constant + exact + factor × dynamic
 """
 
 from __future__ import annotations
@@ -50,8 +60,6 @@ GIB = 1024**3
 PRIORS: dict[str, tuple[float, float]] = {"cpu": (0.45 * GIB, 1.0), "cuda": (0.75 * GIB, 1.1)}
 PRIOR_STRENGTH = 0.3  # how firmly a calibration keeps the prior factor (see fit_constant_and_factor)
 FACTOR_RANGE = (0.5, 3.0)
-HEAP_LIMIT = 32 * 2**20  # glibc's largest mmap threshold on 64-bit: smaller freed blocks stay resident
-HEAP_ROWS = 8  # logit rows the CPU heap keeps beyond one per sample (see _training_logits)
 ADAM_MOMENTS = 2  # AdamW: exp_avg and exp_avg_sq, fp32 like the parameters
 
 
@@ -145,7 +153,9 @@ class _Precision:
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Per-rank bytes, by term. `total` = static terms + the largest phase (phases do not overlap)."""
+    """Per-rank bytes, by term. `total` = static terms + the largest phase (phases do not overlap), each phase
+    being its exact bytes (`phase_states`: states brought back by offload, gathered weights) plus its dynamic
+    ones (`phases`: activations, logits, caches)."""
 
     # static
     weights: int = 0
@@ -170,21 +180,47 @@ class MemoryBreakdown:
     update_autocast_weights: int = 0
     released_gradients: int = 0  # zero_grad(set_to_none) frees these before the micro-batch (g == 1)
     optimizer_step: int = 0
-    # CPU only: what the heap kept at a slightly shorter response (see predict_components)
-    allocator_retention: int = 0
+    # sharded and offloaded states, per phase (exact)
+    gathered_rollout: int = 0  # the actor's whole weights, gathered for generation
+    gathered_scoring: int = 0  # full_shard: two units; shard_grad_op: every model a forward gathered
+    gathered_update: int = 0
+    reduce_scatter: int = 0  # full_shard backward: the unit's fp32 gradient and the reduce-scatter buffer
+    loaded_rollout: int = 0  # offload: states on the device only during the phase
+    loaded_scoring: int = 0
+    loaded_update: int = 0
     phases: dict[str, int] = field(default_factory=dict)
+    phase_states: dict[str, int] = field(default_factory=dict)
 
     @property
     def static(self) -> int:
         return self.weights + self.gradients + self.optimizer + self.ddp_buckets + self.rollout_buffer
 
+    def phase_total(self, phase: str, factor: float = 1.0) -> float:
+        return self.phase_states.get(phase, 0) + factor * self.phases[phase]
+
+    def peak_phase_at(self, factor: float = 1.0) -> str:
+        if not self.phases:
+            return "static"
+        return max(self.phases, key=lambda phase: self.phase_total(phase, factor))
+
     @property
     def peak_phase(self) -> str:
-        return max(self.phases, key=self.phases.__getitem__) if self.phases else "static"
+        return self.peak_phase_at()
+
+    @property
+    def exact(self) -> int:
+        """Bytes known exactly at the peak phase: the states, and what the phase gathers or brings back."""
+        return self.static + self.phase_states.get(self.peak_phase, 0)
+
+    @property
+    def dynamic(self) -> int:
+        """The rest of the peak: activations, logits, caches, temporaries."""
+        return self.total - self.exact
 
     @property
     def total(self) -> int:
-        return self.static + max(self.phases.values(), default=0) + self.allocator_retention
+        peak = max((self.phase_total(phase) for phase in self.phases), default=0)
+        return self.static + int(peak)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -192,7 +228,53 @@ class MemoryBreakdown:
         return data
 
 
+@dataclass(frozen=True)
+class _Holding:
+    """How the training states are held (autotune.probe.rank.sharding): the shard divisor, what is offloaded,
+    and whether the reference's shards live on the host (CUDA: verl's forward-only engines offload them)."""
+
+    shards: int
+    sharding: str
+    param_offload: bool
+    optimizer_offload: bool
+    reference_on_host: bool
+    states_on_host: bool  # offload_policy: actor and critic states live on the host, Adam steps there
+
+    @classmethod
+    def of(cls, config: ProbeConfig, world_size: int, device: str) -> _Holding:
+        sharded, cuda = config.sharded, device == "cuda"
+        return cls(
+            shards=world_size if sharded else 1,
+            sharding=config.sharding,
+            # verl ignores param_offload and optimizer_offload under offload_policy
+            param_offload=config.param_offload and sharded and cuda and not config.offload_policy,
+            optimizer_offload=config.optimizer_offload and sharded and cuda and not config.offload_policy,
+            reference_on_host=sharded and cuda,
+            states_on_host=config.offload_policy and sharded and cuda,
+        )
+
+    @property
+    def weights_away(self) -> bool:
+        return self.param_offload or self.states_on_host
+
+    @property
+    def optimizer_away(self) -> bool:
+        return self.optimizer_offload or self.states_on_host
+
+
 # ------------------------------------------------------------------------------------------- static terms
+
+
+def layer_parameters(arch: Architecture) -> int:
+    """One decoder layer's parameters: the model less its embedding (and untied LM head), per layer."""
+    embeddings = arch.vocab * arch.hidden * (1 if arch.tied_embeddings else 2)
+    return (arch.actor_parameters - embeddings) // arch.layers
+
+
+def unit_parameters(arch: Architecture) -> int:
+    """The largest unit FSDP gathers at once: a block, or the embedding (the LM head is its size), as verl
+    wraps them."""
+    return max(layer_parameters(arch), arch.vocab * arch.hidden)
 
 
 def _trainable_parameters(arch: Architecture, config: ProbeConfig) -> tuple[int, int]:
@@ -204,15 +286,22 @@ def _trainable_parameters(arch: Architecture, config: ProbeConfig) -> tuple[int,
     return arch.actor_parameters, arch.critic_parameters if critic else 0
 
 
-def _weights(arch: Architecture, config: ProbeConfig, p: _Precision) -> int:
+def _model_weights(arch: Architecture, config: ProbeConfig, p: _Precision) -> tuple[int, int, int]:
+    """Unsharded bytes of (actor, critic, reference) weights: frozen bases + fp32 adapters with LoRA (the
+    reference is then the actor with its adapters disabled), fp32 trainables otherwise."""
     actor, critic = _trainable_parameters(arch, config)
-    reward = arch.reward_parameters * p.frozen
     if config.use_lora:
-        # frozen bases + fp32 adapters; the reference is the actor with its adapters disabled
         critic_base = arch.critic_parameters * p.frozen if critic else 0
-        return arch.actor_parameters * p.frozen + critic_base + (actor + critic) * p.trainable + reward
+        return arch.actor_parameters * p.frozen + actor * p.trainable, critic_base + critic * p.trainable, 0
     reference = arch.actor_parameters * p.frozen if config.use_kl else 0  # verl builds it only for KL
-    return (actor + critic) * p.trainable + reference + reward
+    return actor * p.trainable, critic * p.trainable, reference
+
+
+def _weights(arch: Architecture, config: ProbeConfig, p: _Precision, held: _Holding) -> int:
+    actor, critic, reference = _model_weights(arch, config, p)
+    trained = 0 if held.weights_away else (actor + critic) // held.shards
+    reference = 0 if held.reference_on_host else reference // held.shards
+    return trained + reference + arch.reward_parameters * p.frozen  # the reward model runs whole
 
 
 def _rollout_buffer(config: ProbeConfig, world_size: int) -> int:
@@ -225,21 +314,23 @@ def _rollout_buffer(config: ProbeConfig, world_size: int) -> int:
 # ---------------------------------------------------------------------------------------- activation terms
 
 
-def _layer_training_bytes(arch: Architecture, p: _Precision) -> int:
+def _layer_training_bytes(arch: Architecture, p: _Precision, lora: bool = False) -> int:
     """Bytes one decoder layer saves for backward per token (HF llama/qwen2 with SDPA: no s² term).
 
     Two RMSNorms save their fp32 input, the normalised value and the weighted output (3·h·4 B each, plus the
     bf16 cast the next matmul saves under autocast); attention saves q and k after RoPE, v, the SDPA output
     and o_proj's input (3·q + 2·kv elements); the SwiGLU MLP saves gate, up, silu(gate) and the product (4·I).
     Korthikanti et al.'s 34·s·b·h written out for a llama block: fp32 (CPU) 24h + 12q + 8kv + 16I bytes per
-    token; under autocast (fp32 residual and norms, bf16 matmuls) 28h + 6q + 4kv + 8I.
+    token; under autocast (fp32 residual and norms, bf16 matmuls) 28h + 6q + 4kv + 8I. With LoRA under
+    autocast, peft casts each adapter's input to the adapters' fp32 and the cast is saved too: 12h + 2I more.
     """
     h = arch.hidden
     cast = 2 * h if p.act < 4 else 0
     norms = 2 * (3 * h * 4 + cast)
     attention = p.act * (3 * arch.q_size + 2 * arch.kv_size)
     mlp = p.act * 4 * arch.intermediate
-    return norms + attention + mlp
+    adapters = 12 * h + 2 * arch.intermediate if lora and p.autocast else 0
+    return norms + attention + mlp + adapters
 
 
 def _layer_forward_bytes(arch: Architecture, p: _Precision) -> int:
@@ -251,7 +342,7 @@ def _layer_forward_bytes(arch: Architecture, p: _Precision) -> int:
 def _training_activations(arch: Architecture, config: ProbeConfig, p: _Precision) -> tuple[int, int]:
     """(saved activations, backward workspace) of one training micro-batch of m × (Lp+Lr) tokens."""
     tokens = config.micro_batch_size * config.sequence_length
-    layer = _layer_training_bytes(arch, p) * tokens
+    layer = _layer_training_bytes(arch, p, config.use_lora) * tokens
     final_norm = 3 * arch.hidden * 4 * tokens
     mask = config.micro_batch_size * config.sequence_length**2  # the 4D bool SDPA mask, shared by layers
     if config.gradient_checkpointing:
@@ -270,42 +361,35 @@ def _logit_row_bytes(config: ProbeConfig, arch: Architecture) -> int:
     return config.max_response_length * arch.vocab * 4
 
 
-def _on_heap(p: _Precision, nbytes: int) -> bool:
-    """glibc serves CPU tensors under M_MMAP_THRESHOLD_MAX (32 MiB) from the heap, which stays resident."""
-    return not p.autocast and nbytes < HEAP_LIMIT
-
-
 def _training_logits(arch: Architecture, config: ProbeConfig, p: _Precision) -> int:
     """A training micro-batch's response logits with their gradients.
 
     Three fp32 copies at once: the logits (saved by every row's logsumexp; under autocast their fp32
     `.float()` copy — the bf16 logits die with `response_log_probs`), the gradient accumulating over the
     rows, and the next row's full-size `select_backward` gradient (measured on CPU: 2.98 copies), plus two
-    row temporaries. On CPU, when a row (Lr × V × 4 B) is small enough for the heap, glibc keeps the freed
-    row temporaries resident: measured in isolation 7–14 rows more at m=4, 19–30 at m=16, 32–56 at m=32,
-    i.e. about m + HEAP_ROWS rows (the m rows' gradients and the fragments around them).
+    row temporaries. (A CPU probe returns freed tensors to the system, as a device allocator frees them: see
+    autotune.probe.contract.MMAP_THRESHOLD; glibc's heap would otherwise keep freed rows resident.)
     """
     full = _logit_elements(config.micro_batch_size, config, arch) * 4
-    row = _logit_row_bytes(config, arch)
-    kept = (config.micro_batch_size + HEAP_ROWS) * row if _on_heap(p, row) else 2 * row
-    return 3 * full + kept
+    return 3 * full + 2 * _logit_row_bytes(config, arch)
 
 
 def _forward_logits(arch: Architecture, config: ProbeConfig, p: _Precision, rows: int) -> int:
     """Forward-only response logits: fp32 logits (+ the bf16 ones under autocast) and logsumexp's row
-    temporaries (two; about four when the heap keeps them, measured 1.05–2.0 copies on CPU)."""
+    temporaries (two)."""
     full = _logit_elements(rows, config, arch) * (4 + (2 if p.autocast else 0))
-    row = _logit_row_bytes(config, arch)
-    return full + (min(4, rows + 1) if _on_heap(p, row) else 2) * row
+    return full + 2 * _logit_row_bytes(config, arch)
 
 
 def _autocast_weight_copy(
-    arch: Architecture, parameters: int, p: _Precision, use_lora: bool, lm_head: bool = True
+    arch: Architecture, parameters: int, p: _Precision, config: ProbeConfig, lm_head: bool = True
 ) -> int:
     """Autocast caches a bf16 copy of every fp32 leaf weight it casts: all but the input embedding (which a
     tied LM head casts after all). Kept until the autocast region ends, or backward frees it."""
-    if not p.autocast or use_lora:
-        return 0  # CPU runs fp32; a LoRA base is bf16 already (the adapters' copies are negligible)
+    if not p.autocast or config.use_lora or config.sharded:
+        # CPU runs fp32; a LoRA base is bf16 already (the adapters' copies are negligible); FSDP gathers
+        # bf16 weights itself (its mixed precision), so autocast finds nothing to cast
+        return 0
     embedding = 0 if lm_head and arch.tied_embeddings else arch.vocab * arch.hidden
     return 2 * max(parameters - embedding, 0)
 
@@ -323,7 +407,7 @@ def _rollout_terms(arch: Architecture, config: ProbeConfig, p: _Precision, world
     generation_logits = samples * arch.vocab * (p.act + 4 + 4)
     prompt_tokens = samples * config.max_prompt_length
     prefill = prompt_tokens * _layer_forward_bytes(arch, p) + samples * config.max_prompt_length**2
-    cache = _autocast_weight_copy(arch, arch.actor_parameters, p, config.use_lora)
+    cache = _autocast_weight_copy(arch, arch.actor_parameters, p, config)
     return {
         "kv_cache": kv_cache,
         "generation_logits": generation_logits,
@@ -349,10 +433,10 @@ def _scoring_terms(arch: Architecture, config: ProbeConfig, p: _Precision, world
     hidden = tokens * arch.hidden * p.residual  # the final hidden states, alive while the logits are made
     layer = tokens * _layer_forward_bytes(arch, p) + rows * config.sequence_length**2
     logits = _forward_logits(arch, config, p, rows)
-    actor_cache = _autocast_weight_copy(arch, arch.actor_parameters, p, config.use_lora)
+    actor_cache = _autocast_weight_copy(arch, arch.actor_parameters, p, config)
     critic_cache = 0
     if config.algorithm == "ppo":
-        critic_cache = _autocast_weight_copy(arch, arch.critic_parameters, p, config.use_lora, lm_head=False)
+        critic_cache = _autocast_weight_copy(arch, arch.critic_parameters, p, config, lm_head=False)
     terms = {
         "scoring_activations": hidden + layer,
         "scoring_logits": logits,
@@ -362,28 +446,62 @@ def _scoring_terms(arch: Architecture, config: ProbeConfig, p: _Precision, world
     return terms
 
 
-def _update_terms(arch: Architecture, config: ProbeConfig, p: _Precision) -> dict[str, int]:
+def _update_terms(arch: Architecture, config: ProbeConfig, p: _Precision, held: _Holding) -> dict[str, int]:
     saved, workspace = _training_activations(arch, config, p)
     actor, critic = _trainable_parameters(arch, config)
     # AdamW's temporaries: foreach on CUDA (sqrt of every exp_avg_sq at once), per tensor on CPU (two copies
-    # of the largest tensor, the embedding or the LM head)
+    # of the largest tensor, the embedding or the LM head); of the local shards when sharded
     if p.autocast:
-        step = max(actor, critic) * 4
+        step = max(actor, critic) * 4 // held.shards
     else:
         largest = arch.vocab * arch.hidden if not config.use_lora else arch.intermediate * config.lora_r
-        step = 2 * largest * 4
+        step = 2 * largest * 4 // held.shards
     # zero_grad(set_to_none=True) opens every mini-batch: with one micro-batch per step the model's own
     # gradients are not alive during its forward (they fill in as backward frees the activations)
-    released = actor * 4 if config.gradient_accumulation_steps == 1 else 0
+    released = actor * 4 // held.shards if config.gradient_accumulation_steps == 1 else 0
     logits = _training_logits(arch, config, p)
     return {
         "activations": saved,
         "logits": logits,
         "backward_workspace": workspace,
-        "update_autocast_weights": _autocast_weight_copy(arch, arch.actor_parameters, p, config.use_lora),
-        "released_gradients": released,
-        "optimizer_step": step,
+        "update_autocast_weights": _autocast_weight_copy(arch, arch.actor_parameters, p, config),
+        "released_gradients": 0 if held.weights_away else released,
+        "optimizer_step": 0 if held.states_on_host else step,  # CPUOffloadPolicy: Adam steps on the host
     }
+
+
+def _sharded_terms(arch: Architecture, config: ProbeConfig, p: _Precision, held: _Holding) -> dict[str, int]:
+    """What FSDP gathers in each phase, and what offload brings back to the device for it (exact bytes)."""
+    if held.shards == 1 and not config.sharded:
+        return {}
+    whole_actor = arch.actor_parameters * p.act  # gathered at the compute dtype (bf16 on CUDA)
+    whole_critic = arch.critic_parameters * p.act if config.algorithm == "ppo" else 0
+    whole_ref = whole_actor if config.use_kl and not config.use_lora else 0
+    unit = unit_parameters(arch) * p.act
+    trained_grads = 0 if config.use_lora else 2 * unit_parameters(arch) * 4  # the gradient + its RS buffer
+    if (
+        config.sharding == "shard_grad_op"
+    ):  # nothing reshards a forward's weights before that model's backward
+        everything = whole_actor + whole_ref + whole_critic
+        gathered = {"gathered_rollout": whole_actor + whole_ref + unit, "gathered_scoring": everything}
+        gathered["gathered_update"] = everything
+    else:
+        gathered = {
+            "gathered_rollout": whole_actor + unit,
+            "gathered_scoring": 2 * unit,
+            "gathered_update": 2 * unit,
+        }
+    actor_w, critic_w, _ = _model_weights(arch, config, p)
+    actor_t, critic_t = _trainable_parameters(arch, config)
+    largest_w, largest_t = max(actor_w, critic_w) // held.shards, max(actor_t, critic_t) // held.shards
+    loaded = {"loaded_rollout": 0, "loaded_scoring": 0, "loaded_update": 0}
+    if held.param_offload:  # weights (and, for the update, gradients) come for the phases that use them
+        loaded["loaded_rollout"] = actor_w // held.shards
+        loaded["loaded_scoring"] = largest_w
+        loaded["loaded_update"] = largest_w + largest_t * 4
+    if held.optimizer_offload:
+        loaded["loaded_update"] += largest_t * 4 * ADAM_MOMENTS
+    return {**gathered, "reduce_scatter": trained_grads, **loaded}
 
 
 def predict_components(
@@ -394,58 +512,64 @@ def predict_components(
         raise ValueError(f"device must be one of {DEVICES}, but got {device!r}.")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, but got {world_size}.")
-    breakdown = _components(arch, config, world_size, device)
-    # CPU: past the response length whose logit rows reach 32 MiB the heap stops keeping them, and the
-    # measured peak can drop a little. Predictions must not (a larger config never needs less: dominance
-    # pruning relies on it), so the model holds the peak of the longest response below that threshold.
-    below = (HEAP_LIMIT - 1) // (4 * arch.vocab)
-    if device == "cpu" and 1 <= below < config.max_response_length:
-        shorter = _components(
-            arch, dataclasses.replace(config, max_response_length=below), world_size, device
-        )
-        if shorter.total > breakdown.total:
-            breakdown = dataclasses.replace(breakdown, allocator_retention=shorter.total - breakdown.total)
-    return breakdown
+    return _components(arch, config, world_size, device)
 
 
 def _components(arch: Architecture, config: ProbeConfig, world_size: int, device: str) -> MemoryBreakdown:
     p = _Precision.of(device, config.use_lora)
+    held = _Holding.of(config, world_size, device)
     actor, critic = _trainable_parameters(arch, config)
     trainable = actor + critic
     rollout = _rollout_terms(arch, config, p, world_size)
     scoring = _scoring_terms(arch, config, p, world_size)
-    update = _update_terms(arch, config, p)
-    training = (
-        update["activations"]
-        + max(update["logits"], update["backward_workspace"])
-        + update["update_autocast_weights"]
+    update = _update_terms(arch, config, p, held)
+    sharded = _sharded_terms(arch, config, p, held)
+    get = sharded.get
+    backward_states = (
+        update["update_autocast_weights"]
+        + get("gathered_update", 0)
+        + get("reduce_scatter", 0)
         - update["released_gradients"]
     )
+    backward = update["activations"] + max(update["logits"], update["backward_workspace"])
+    # the optimizer step comes after backward: activations, gathered weights and autocast copies are gone
+    stepping = backward_states + backward < update["optimizer_step"]
+    phase_states = {
+        "rollout": rollout["generation_autocast_weights"]
+        + get("gathered_rollout", 0)
+        + get("loaded_rollout", 0),
+        "scoring": scoring["scoring_autocast_weights"]
+        + get("gathered_scoring", 0)
+        + get("loaded_scoring", 0),
+        "update": get("loaded_update", 0) + (0 if stepping else backward_states),
+    }
     phases = {
-        "rollout": sum(rollout.values()),
+        "rollout": rollout["kv_cache"] + rollout["generation_logits"] + rollout["prefill_activations"],
         "scoring": max(
-            scoring["scoring_activations"] + scoring["scoring_logits"] + scoring["scoring_autocast_weights"],
-            scoring["reward_activations"],
+            scoring["scoring_activations"] + scoring["scoring_logits"], scoring["reward_activations"]
         ),
-        "update": max(training, update["optimizer_step"], 0),
+        "update": max(update["optimizer_step"] if stepping else backward, 0),
     }
     return MemoryBreakdown(
-        weights=_weights(arch, config, p),
-        gradients=trainable * 4,
-        optimizer=trainable * 4 * ADAM_MOMENTS,
-        ddp_buckets=trainable * 4 if world_size > 1 else 0,
+        weights=_weights(arch, config, p, held),
+        gradients=0 if held.weights_away else trainable * 4 // held.shards,
+        optimizer=0 if held.optimizer_away else trainable * 4 * ADAM_MOMENTS // held.shards,
+        ddp_buckets=trainable * 4 if world_size > 1 and not config.sharded else 0,
         rollout_buffer=_rollout_buffer(config, world_size),
         phases=phases,
+        phase_states=phase_states,
         **rollout,
         **scoring,
         **update,
+        **sharded,
     )
 
 
 def minimum_bytes(
     arch: Architecture, config: ProbeConfig | None = None, world_size: int = 1, device: str = "cuda"
 ) -> int:
-    """Weights + gradients + optimizer state (+ DDP buckets): below this no batch setting fits at all."""
+    """Weights + gradients + optimizer state (+ DDP buckets), as `config` holds them: below this no batch
+    setting fits at all."""
     b = predict_components(arch, config or ProbeConfig(), world_size, device)
     return b.weights + b.gradients + b.optimizer + b.ddp_buckets
 
@@ -454,7 +578,7 @@ def minimum_bytes(
 
 
 class MemoryModel:
-    """bytes = constant + factor × raw, with raw from `predict_components`; (constant, factor) are fitted."""
+    """bytes = constant + exact + factor × dynamic (`predict_components`); constant and factor are fitted."""
 
     def __init__(
         self,
@@ -480,8 +604,18 @@ class MemoryModel:
     def raw_bytes(self, config: ProbeConfig) -> int:
         return self.breakdown(config).total
 
+    def split(self, config: ProbeConfig) -> tuple[int, int]:
+        """(exact, dynamic) bytes at the phase that peaks under this model's factor."""
+        b = self.breakdown(config)
+        phase = b.peak_phase_at(self.factor)
+        exact = b.static + b.phase_states.get(phase, 0)
+        return exact, b.phases.get(phase, 0)
+
     def predict(self, config: ProbeConfig) -> int:
-        return int(self.constant + self.factor * self.raw_bytes(config))
+        """constant + exact + factor × dynamic: state sizes are exact, the factor covers what the allocator
+        makes of activations, logits and caches."""
+        exact, dynamic = self.split(config)
+        return int(self.constant + exact + self.factor * dynamic)
 
     def relative_error(self, config: ProbeConfig, measured: int) -> float:
         """(predicted − measured) / measured: positive when the model over-predicts."""
@@ -490,18 +624,17 @@ class MemoryModel:
         return (self.predict(config) - measured) / measured
 
     def minimum_bytes(self, config: ProbeConfig | None = None) -> int:
-        return int(
-            self.constant + self.factor * minimum_bytes(self.arch, config, self.world_size, self.device)
-        )
+        return int(self.constant + minimum_bytes(self.arch, config, self.world_size, self.device))
 
     def calibrate(self, points: Iterable[tuple[ProbeConfig, int]]) -> MemoryModel:
-        """Least-squares fit of measured ≈ constant + factor × raw over `ok` probes' peaks.
+        """Least-squares fit of measured − exact ≈ constant + factor × dynamic over `ok` probes' peaks.
 
         One point (or points whose raw totals coincide) keeps the prior factor and fits the constant; two or
         more fit both, the factor clamped to [0.5, 3] and the constant to >= 0 (the other refitted after a
         clamp). With no points the priors stay.
         """
-        pairs = [(float(self.raw_bytes(c)), float(m)) for c, m in points]
+        splits = [(self.split(c), m) for c, m in points]
+        pairs = [(float(dynamic), float(m - exact)) for (exact, dynamic), m in splits]
         if not pairs:
             return self
         self.constant, self.factor = fit_constant_and_factor(pairs, self.factor)

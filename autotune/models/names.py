@@ -21,6 +21,8 @@ __all__ = ["MODELS", "model_name_or_path", "registry_name", "verl_model_path"]
 #   Price, measured on two CPU cores: forward+backward over 8x48 tokens 0.5-1 s (tiny-llama: 0.13 s),
 #   sampling 16 tokens for 8 prompts 0.6 s (0.18 s). Tests that only need some causal LM use tiny-llama.
 #   Otherwise Qwen2 as published: GQA (4 heads, 2 KV heads), q/k/v biases, tied embeddings, rope_theta 1e6.
+# - small-llama (35M parameters, width 384, 6 layers): a small model whose training states outweigh the
+#   Python+torch process on CPU, so what sharding saves shows in a probe's peak RSS (tests, bench/sharding).
 # - tiny-deberta keeps DeBERTa-v3's 128,100-token vocabulary (an embedding only: no logits over it).
 MODELS: dict[str, tuple[str, str]] = {
     "llama-2-7b": ("actor", "meta-llama/Llama-2-7b-hf"),
@@ -32,6 +34,7 @@ MODELS: dict[str, tuple[str, str]] = {
     "deberta-v3-large": ("reward", "OpenAssistant/reward-model-deberta-v3-large"),
     "tiny-llama": ("test", "autotune test model (Llama architecture)"),
     "tiny-qwen2": ("test", "autotune test model (Qwen2 architecture)"),
+    "small-llama": ("test", "autotune test model whose states dominate (Llama architecture)"),
     "tiny-deberta": ("test", "autotune test model (DeBERTa-v2 reward model)"),
 }
 

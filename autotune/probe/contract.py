@@ -13,9 +13,12 @@ from typing import Any
 
 from autotune.units import GIB
 
-__all__ = ["OOM_EXIT_CODE", "ProbeResult", "ProbeSettings"]
+__all__ = ["MMAP_THRESHOLD", "OOM_EXIT_CODE", "ProbeResult", "ProbeSettings"]
 
 OOM_EXIT_CODE = 3  # a rank that caught an out-of-memory exception, after writing its result
+# CPU ranks serve allocations from this size up with their own mappings (glibc's M_MMAP_THRESHOLD): a freed
+# tensor leaves the resident set, as it leaves a device allocator. The memory model knows the same number.
+MMAP_THRESHOLD = 64 * 1024
 
 
 @dataclass(frozen=True)

@@ -5,19 +5,40 @@ Imported by the probe program (in the child), never needed by the tuner itself.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import resource
 import sys
 import threading
 from contextlib import suppress
 from typing import Any
 
-__all__ = ["NvmlSampler", "peak_memory", "peak_rss_bytes"]
+__all__ = ["NvmlSampler", "peak_memory", "peak_rss_bytes", "reset_peak"]
 
 
 def peak_rss_bytes() -> int:
     """High-water mark of this process's resident set (Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def reset_peak(device: str) -> None:
+    """Start the peak afresh once the models are built. Building is not the job's memory: verl (and the probe,
+    when it shards) builds on the host and moves only each rank's shard to the device; on CPU, where the host
+    is the emulated device, the whole model each rank builds before sharding would otherwise be its peak.
+    On Linux, glibc's malloc_trim hands the freed build memory back (small tensors live on the heap, which
+    otherwise stays resident) and writing 5 to clear_refs resets the resident set's high-water mark
+    (ru_maxrss follows)."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+        return
+    gc.collect()
+    with suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
+    with suppress(OSError), open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
 
 
 class NvmlSampler:

@@ -1,8 +1,10 @@
 """Build the probe's models the way a verl PPO job holds them: actor, reference, critic, reward.
 
 Precision on GPU: trainable full models keep fp32 weights (mixed-precision Adam: ~16 B per trainable
-parameter) and compute under bf16 autocast; frozen models (reference, reward, a LoRA base) are
-bf16. On CPU everything is fp32 (CPU bf16 kernels are slow and not what a GPU run does).
+parameter) and compute in bf16 (autocast, or FSDP's mixed precision); frozen models (reference, reward, a
+LoRA base) are bf16. On CPU everything is fp32 (CPU bf16 kernels are slow and not what a GPU run does).
+Actor, critic and reference are held as `sharding` says (autotune.probe.rank.sharding); the reward model
+runs whole on every rank, as a served reward model does.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from autotune.models.registry import (
     build_reward_model,
 )
 from autotune.probe.rank.ppo import Models
+from autotune.probe.rank.sharding import distribute, park, place
 
 __all__ = ["build_actor_and_ref", "build_models", "build_value_model", "dtypes"]
 
@@ -57,37 +60,34 @@ def _prepare_trainable(model: torch.nn.Module, config: ProbeConfig) -> torch.nn.
     return model
 
 
-def _wrap_ddp(model: torch.nn.Module, device: torch.device, world_size: int) -> torch.nn.Module:
-    if world_size == 1:
-        return model
-    device_ids = [device.index] if device.type == "cuda" else None
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
-
-
 def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=LEARNING_RATE)
 
 
 def build_actor_and_ref(spec: ModelSpec, config: ProbeConfig, device: torch.device):
+    """(actor, reference) before sharding, built where `place` says."""
     trainable, frozen = dtypes(device)
+    where = place(config, device)
     if config.use_lora:
-        base = _prepare_trainable(build_causal_lm(spec, dtype=frozen, device=device), config)
+        base = _prepare_trainable(build_causal_lm(spec, dtype=frozen, device=where), config)
         for param in base.parameters():
             param.requires_grad_(False)
         return _with_lora(base, config, "CAUSAL_LM"), None
-    actor = _prepare_trainable(build_causal_lm(spec, dtype=trainable, device=device), config)
+    actor = _prepare_trainable(build_causal_lm(spec, dtype=trainable, device=where), config)
     if not config.use_kl:  # as verl: a reference model exists only when the recipe uses KL
         return actor, None
-    ref = build_causal_lm(spec, dtype=frozen, device=device).eval().requires_grad_(False)
+    ref = build_causal_lm(spec, dtype=frozen, device=where).eval().requires_grad_(False)
     return actor, ref
 
 
 def build_value_model(spec: ModelSpec, config: ProbeConfig, device: torch.device) -> torch.nn.Module:
+    """The critic before sharding, built where `place` says."""
     trainable, frozen = dtypes(device)
+    where = place(config, device)
     if not config.use_lora:
-        return _prepare_trainable(build_critic(spec, dtype=trainable, device=device), config)
-    critic = _prepare_trainable(build_critic(spec, dtype=frozen, device=device), config)
+        return _prepare_trainable(build_critic(spec, dtype=trainable, device=where), config)
+    critic = _prepare_trainable(build_critic(spec, dtype=frozen, device=where), config)
     critic.requires_grad_(False)
     # The value head stays fully trainable (peft's modules_to_save), the body gets adapters.
     return _with_lora(critic, config, "TOKEN_CLS")
@@ -106,8 +106,12 @@ def build_models(
     reward = None
     if reward_spec is not None:
         reward = build_reward_model(reward_spec, dtype=frozen, device=device).eval().requires_grad_(False)
-    actor = _wrap_ddp(actor.train(), device, world_size)
-    critic = _wrap_ddp(critic.train(), device, world_size) if critic is not None else None
+    # Optimizers come after sharding: FSDP replaces the parameters with their shards
+    actor = distribute(actor.train(), config, device, world_size)
+    critic = distribute(critic.train(), config, device, world_size) if critic is not None else None
+    if ref is not None:
+        ref = distribute(ref, config, device, world_size, trainable=False)
+    park(config, device, actor, critic)
     return Models(
         actor=actor,
         ref=ref,

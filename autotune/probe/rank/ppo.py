@@ -1,8 +1,9 @@
 """One verl-style PPO/GRPO iteration: rollout, scoring, advantages, update (docs/design.md, "The probe").
 
 Runs inside a probe rank (the runner program imports it). Each rank works on its share of the global batch;
-gradients of the trainable models are averaged by DDP, so W ranks do the same work as verl's data-parallel
-actor and critic workers.
+gradients of the trainable models are averaged by DDP or FSDP (autotune.probe.rank.sharding), so W ranks do
+the same work as verl's data-parallel actor and critic workers. With offload, each model's states come to the
+device for the phases that use them, as verl's workers load and offload around each call.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch.distributed as dist
 
 from autotune.config.knobs import ProbeConfig
 from autotune.probe.rank import rl_math
+from autotune.probe.rank.sharding import gathered, offloaded
 
 __all__ = [
     "Models",
@@ -100,7 +102,7 @@ def rollout(models: Models, ctx: StepContext, prompt_batches: Iterator[dict[str,
     c = ctx.config
     sequences, masks = [], []
     actor = unwrap(models.actor)
-    with inference(actor):
+    with offloaded(c, ctx.device, actor), gathered(actor, c), inference(actor):
         for _ in range(c.train_batch_size // c.rollout_batch_size):
             _generate_one(actor, ctx, next(prompt_batches), sequences, masks)
     input_ids = torch.cat(sequences)
@@ -204,25 +206,25 @@ def score(models: Models, ctx: StepContext, batch: dict) -> None:
     micro = c.forward_micro_batch_size
     actor = unwrap(models.actor)
     batch["scores"] = reward_scores(models, ctx, batch)
-    batch["old_log_probs"] = _forward_in_micro_batches(
-        lambda i, m, r: response_log_probs(actor, ctx, i, m, r), batch, micro
-    )
-    if not c.use_kl:  # no KL, no reference policy: verl skips its log-probs too
-        pass
-    elif models.ref is None:
-        with actor.disable_adapter():  # LoRA: the frozen base model is the reference, no second copy
-            batch["ref_log_probs"] = _forward_in_micro_batches(
-                lambda i, m, r: response_log_probs(actor, ctx, i, m, r), batch, micro
-            )
-    else:
+    with offloaded(c, ctx.device, actor):
+        batch["old_log_probs"] = _forward_in_micro_batches(
+            lambda i, m, r: response_log_probs(actor, ctx, i, m, r), batch, micro
+        )
+        if c.use_kl and models.ref is None:
+            with actor.disable_adapter():  # LoRA: the frozen base model is the reference, no second copy
+                batch["ref_log_probs"] = _forward_in_micro_batches(
+                    lambda i, m, r: response_log_probs(actor, ctx, i, m, r), batch, micro
+                )
+    if c.use_kl and models.ref is not None:  # full fine-tuning with KL: a reference model of its own
         batch["ref_log_probs"] = _forward_in_micro_batches(
             lambda i, m, r: response_log_probs(models.ref, ctx, i, m, r), batch, micro
         )
     if models.critic is not None:
         critic = unwrap(models.critic)
-        batch["values"] = _forward_in_micro_batches(
-            lambda i, m, r: response_values(critic, ctx, i, m, r.shape[1]), batch, micro
-        )
+        with offloaded(c, ctx.device, critic):
+            batch["values"] = _forward_in_micro_batches(
+                lambda i, m, r: response_values(critic, ctx, i, m, r.shape[1]), batch, micro
+            )
 
 
 # --- advantages ----------------------------------------------------------------------------------------
@@ -256,7 +258,8 @@ def _micro_batches(ctx: StepContext, generator: torch.Generator) -> Iterator[lis
 
 
 def _no_sync(model: torch.nn.Module, last: bool):
-    """Skip DDP's all-reduce on all but the last micro-batch of an accumulation step."""
+    """Skip DDP's all-reduce on all but the last micro-batch of an accumulation step. FSDP reduce-scatters
+    every micro-batch, as verl's default (use_no_sync_for_gradient_accumulation: false) does."""
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) and not last:
         return model.no_sync()
     return nullcontext()
@@ -289,12 +292,13 @@ def _critic_loss(models: Models, ctx: StepContext, batch: dict, idx: torch.Tenso
 
 def _train(model, optimizer, loss_fn, ctx: StepContext, batch: dict, generator: torch.Generator) -> None:
     steps = ctx.config.gradient_accumulation_steps
-    for micro_batches in _micro_batches(ctx, generator):
-        optimizer.zero_grad(set_to_none=True)
-        for j, idx in enumerate(micro_batches):
-            with _no_sync(model, last=j == steps - 1):
-                (loss_fn(ctx, batch, idx) / steps).backward()
-        optimizer.step()
+    with offloaded(ctx.config, ctx.device, unwrap(model), optimizer):
+        for micro_batches in _micro_batches(ctx, generator):
+            optimizer.zero_grad(set_to_none=True)
+            for j, idx in enumerate(micro_batches):
+                with _no_sync(model, last=j == steps - 1):
+                    (loss_fn(ctx, batch, idx) / steps).backward()
+            optimizer.step()
 
 
 def update(models: Models, ctx: StepContext, batch: dict, generator: torch.Generator) -> None:
