@@ -6,23 +6,29 @@
 Steps, in order, each in its own try/except (an error is recorded in the summary and the next step runs) and
 each skipped when the time left before --deadline is less than it needs:
 
+0. preflight: every module a probe and a study import (torch with CUDA, transformers, peft, optuna,
+   nvidia-ml-py, autotune's probe code), each missing one named with what installs it;
 1. environment: GPU name and memory, driver, torch/CUDA versions, and the device's memory in use before any
    probe (another tenant's or the driver's, which NVML's device-level figure will include);
-2. probes: qwen2.5-0.5b (random weights; bf16 autocast on CUDA) at three configurations, no budget;
+2. probes: qwen2.5-0.5b (random weights; bf16 autocast on CUDA) at three configurations, no budget; then the
+   holdings the CPU cannot run or size: LoRA, a 7B-class LoRA probe that fits one card (llama-2-7b r16 at a
+   small batch, 512/512), FSDP2 full_shard with verl's phase offload and with offload_policy (one GPU: the
+   offload code paths), and full_shard over 2 GPUs where more than one is visible;
 3. oom: two probes on an emulated smaller card (ProbeSettings.memory_budget_gib: the probe sets
    torch.cuda.set_per_process_memory_fraction) — one below the weights and optimizer state (OOM before
    the first iteration ends), one at 80% of the largest probe's peak (OOM inside the iteration); both must
    be classified `oom`/`cuda`;
 4. peaks: torch's allocator peaks (reserved >= allocated > 0) against NVML's sampled device peak, per probe;
 5. memory model: autotune.memory.model's CUDA prediction against each measured peak (prior, and
-   calibrated on the other probes);
+   calibrated on the other probes of the same model); the prior's error is gated (within PRIOR_GATE);
 6. study: `autotune run` end to end, 8 trials on an emulated card of 1.2 × the medium probe's peak (so the
    largest micro batches hit real OOMs; at least 10% above autotune's own floor), with its report files.
 
 Writes the summary JSON to --out after every step (a run killed half-way still leaves what it found) and
 prints one line per check. Exit 0 when every check passed, 1 when one failed or a step errored, 2 without
-CUDA (unless --dry-run). Under 8 minutes on an H200: the probes are short, every step has a timeout, and the
-study gets what is left of --deadline (default 450 s).
+CUDA (unless --dry-run). Under 8 minutes on an H200: the time plan (printed first) gives every probe a
+timeout, skips a probe that would leave the study less than STUDY_RESERVE seconds, and the study gets what is
+left of --deadline (default 450 s).
 
 --dry-run runs the same code paths on CPU with tiny-llama and tiny sizes (about 2 minutes on 2 cores): the
 OOMs are then emulated (peak RSS against the budget), NVML is absent, the model is the CPU one.
@@ -72,6 +78,9 @@ class Plan:
     probe_timeout: float
     iterations: int
     oom_kind: str  # what a forced OOM must be classified as
+    # name -> (model, ProbeConfig fields, ranks, seconds it may take): the holdings and sizes the CPU cannot
+    # measure; a probe needing more GPUs than are visible is skipped and said so
+    extra_probes: dict[str, tuple[str, dict[str, Any], int, float]] = field(default_factory=dict)
 
 
 GPU_PLAN = Plan(
@@ -112,6 +121,34 @@ GPU_PLAN = Plan(
     probe_timeout=90.0,
     iterations=2,
     oom_kind="cuda",
+    extra_probes={
+        "lora": ("qwen2.5-0.5b", {**batch(32, 16, 4, 2, 64, 64), "use_lora": True}, 1, 60.0),
+        # ~13 GiB of bf16 base weights (the reference is the base), r16 adapters, KV of 8 × 1024 tokens
+        "7b lora": (
+            "llama-2-7b",
+            {**batch(16, 8, 2, 1, 512, 512), "use_lora": True, "lora_r": 16, "lora_alpha": 32},
+            1,
+            150.0,
+        ),
+        "fsdp offload": (
+            "qwen2.5-0.5b",
+            {
+                **batch(32, 16, 4, 2, 64, 64),
+                "sharding": "full_shard",
+                "param_offload": True,
+                "optimizer_offload": True,
+            },
+            1,
+            60.0,
+        ),
+        "fsdp offload_policy": (
+            "qwen2.5-0.5b",
+            {**batch(32, 16, 4, 2, 64, 64), "sharding": "full_shard", "offload_policy": True},
+            1,
+            60.0,
+        ),
+        "fsdp 2 gpus": ("qwen2.5-0.5b", {**batch(32, 16, 4, 2, 64, 64), "sharding": "full_shard"}, 2, 60.0),
+    },
 )
 
 CPU_PLAN = Plan(
@@ -147,9 +184,30 @@ CPU_PLAN = Plan(
     probe_timeout=60.0,
     iterations=1,
     oom_kind="emulated",
+    extra_probes={
+        "lora": ("tiny-llama", {**batch(16, 8, 2, 2, 16, 16), "use_lora": True}, 1, 60.0),
+        "fsdp 2 gpus": ("tiny-llama", {**batch(16, 8, 2, 2, 16, 16), "sharding": "full_shard"}, 2, 60.0),
+        # offload is refused on CPU: the dry run checks that it is, in one line
+        "fsdp offload_policy": (
+            "tiny-llama",
+            {**batch(16, 8, 2, 2, 16, 16), "sharding": "full_shard", "offload_policy": True},
+            1,
+            60.0,
+        ),
+    },
 )
 STUDY_TRIALS = 8
 DRY_RUN_STUDY_TRIALS = 3
+STUDY_RESERVE = 150.0  # seconds kept for the study: a probe that would eat into them is skipped
+PRIOR_GATE = 0.35  # the prior (uncalibrated) model's error allowed on a probe
+PREFLIGHT = {  # module -> what installs it
+    "torch": "pip install torch (a CUDA build)",
+    "transformers": "./setup.sh (transformers)",
+    "peft": "./setup.sh (peft)",
+    "optuna": "./setup.sh (optuna)",
+    "pynvml": "pip install nvidia-ml-py",
+    "autotune.probe.rank.ppo": "pip install -e . from the checkout",
+}
 
 
 @dataclass
@@ -237,24 +295,39 @@ def environment(check: Check) -> dict[str, Any]:
     return record
 
 
-def settings(check: Check, budget_gib: float | None = None):
+def settings(
+    check: Check,
+    budget_gib: float | None = None,
+    model: str | None = None,
+    ranks: int = 1,
+    timeout: float | None = None,
+):
     from autotune.probe.contract import ProbeSettings
 
     return ProbeSettings(
-        model=check.plan.model,
+        model=model or check.plan.model,
         device=check.plan.device,
+        world_size=ranks,
         iterations=check.plan.iterations,
-        timeout_seconds=check.plan.probe_timeout,
+        timeout_seconds=timeout or check.plan.probe_timeout,
         memory_budget_gib=budget_gib,
     )
 
 
-def probe(check: Check, fields: dict[str, Any], budget_gib: float | None = None) -> dict[str, Any]:
+def probe(
+    check: Check,
+    fields: dict[str, Any],
+    budget_gib: float | None = None,
+    model: str | None = None,
+    ranks: int = 1,
+    timeout: float | None = None,
+) -> dict[str, Any]:
     from autotune.config.knobs import ProbeConfig
     from autotune.probe.launcher import run_probe
 
-    result = run_probe(ProbeConfig(**fields), settings(check, budget_gib)).to_dict()
+    result = run_probe(ProbeConfig(**fields), settings(check, budget_gib, model, ranks, timeout)).to_dict()
     result["stderr_tail"] = result.get("stderr_tail", "")[-1500:]
+    result["model"], result["ranks"] = model or check.plan.model, ranks
     return result
 
 
@@ -264,6 +337,87 @@ def brief(result: dict[str, Any]) -> str:
         f"{result['samples_per_sec']:.2f} samples/s, peak {result['peak_memory_bytes'] / GIB:.2f} GiB "
         f"({result['peak_memory_source'] or 'none'}), wall {result['wall_seconds']:.1f} s"
     )
+
+
+def preflight(check: Check) -> dict[str, Any]:
+    """Every module a probe and a study import, each missing one named with what installs it."""
+    import importlib
+
+    missing = {}
+    for module, remedy in PREFLIGHT.items():
+        if module == "pynvml" and check.plan.device != "cuda":
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # ImportError, or a broken install that fails on import
+            missing[module] = f"{type(exc).__name__}: {exc}; {remedy}"
+    if check.plan.device == "cuda" and "torch" not in missing:
+        import torch
+
+        if torch.version.cuda is None:
+            missing["torch"] = f"torch {torch.__version__} is a CPU build; pip install a CUDA build of torch"
+    detail = "; ".join(f"{m}: {why}" for m, why in missing.items()) or "all present"
+    check.verdict("preflight: imports", not missing, detail)
+    return {"missing": missing}
+
+
+def time_plan(check: Check) -> dict[str, float]:
+    """Seconds each step may take, printed before the run: what fits the deadline, and what is left."""
+    plan = check.plan
+    steps = {
+        "probes": len(plan.configs) * plan.probe_timeout,
+        "extra probes": sum(seconds for *_, seconds in plan.extra_probes.values()),
+        "oom": 2 * plan.probe_timeout,
+        "study (at least)": STUDY_RESERVE,
+    }
+    print(
+        "gpu_check time plan (upper bounds, s): "
+        + ", ".join(f"{k} {v:.0f}" for k, v in steps.items())
+        + f"; deadline {check.left():.0f}; a probe that would leave the study under {STUDY_RESERVE:.0f} s "
+        "is skipped",
+        flush=True,
+    )
+    return steps
+
+
+def _time_for(check: Check, seconds: float) -> bool:
+    return check.left() - seconds >= STUDY_RESERVE
+
+
+def extra_probes(check: Check) -> dict[str, Any]:
+    """The holdings and sizes the CPU cannot measure: LoRA, a 7B-class probe, FSDP with offload, 2 GPUs."""
+    visible = _visible_devices(check)
+    for name, (model, fields, ranks, seconds) in check.plan.extra_probes.items():
+        if ranks > visible:
+            check.verdict(f"probe {name}", True, f"not applicable: needs {ranks} devices, {visible} visible")
+            continue
+        if not _time_for(check, seconds):
+            check.verdict(f"probe {name}", False, "skipped: it would leave the study too little time")
+            continue
+        if check.plan.device == "cpu" and fields.get("offload_policy"):
+            check.verdict(f"probe {name}", *_refused_on_cpu(fields))
+            continue
+        result = probe(check, fields, model=model, ranks=ranks, timeout=seconds)
+        check.probes[name] = result
+        check.verdict(f"probe {name}", result["status"] == "ok", f"{model} × {ranks}: {brief(result)}")
+    return {"results": {k: v for k, v in check.probes.items() if k in check.plan.extra_probes}}
+
+
+def _visible_devices(check: Check) -> int:
+    if check.plan.device != "cuda":
+        return 2  # gloo ranks
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _refused_on_cpu(fields: dict[str, Any]) -> tuple[bool, str]:
+    """Offload is CUDA's: the rules must refuse it on CPU, in one line."""
+    from autotune.config.knobs import ProbeConfig
+    from autotune.config.rules import offload_findings
+
+    found = offload_findings(ProbeConfig(**fields), "cpu")
+    return bool(found), f"refused on CPU as designed: {found[0].line}" if found else "not refused on CPU"
 
 
 def probes(check: Check) -> dict[str, Any]:
@@ -342,15 +496,14 @@ def memory_model(check: Check) -> dict[str, Any]:
     from autotune.config.knobs import ProbeConfig
     from bench.common import memory_model_for
 
-    points = {
-        name: (ProbeConfig(**r["config"]), r["peak_memory_bytes"])
-        for name, r in check.probes.items()
-        if r["status"] == "ok"
-    }
-    prior = memory_model_for(check.plan.model, device=check.plan.device)
+    ok = {name: r for name, r in check.probes.items() if r["status"] == "ok"}
+    points = {name: (ProbeConfig(**r["config"]), r["peak_memory_bytes"]) for name, r in ok.items()}
     record = {}
     for name, (config, measured) in points.items():
-        others = [p for other, p in points.items() if other != name]
+        model, ranks = ok[name].get("model", check.plan.model), ok[name].get("ranks", 1)
+        prior = memory_model_for(model, gpus=ranks, device=check.plan.device)
+        same = [o for o in points if o != name and (ok[o].get("model"), ok[o].get("ranks")) == (model, ranks)]
+        others = [points[o] for o in same]
         held_out = prior.with_calibration(prior.constant, prior.factor).calibrate(others) if others else None
         record[name] = {
             "measured_gib": measured / GIB,
@@ -359,13 +512,13 @@ def memory_model(check: Check) -> dict[str, Any]:
             "calibrated_on_others_error": held_out.relative_error(config, measured) if held_out else None,
             "peak_phase": prior.breakdown(config).peak_phase,
         }
-        error = record[name]["calibrated_on_others_error"]
+        error, prior_error = record[name]["calibrated_on_others_error"], record[name]["prior_error"]
         check.verdict(
             f"memory model {name}",
-            error is not None and abs(error) <= 0.25,
+            abs(prior_error) <= PRIOR_GATE and (error is None or abs(error) <= 0.25),
             f"measured {measured / GIB:.2f} GiB, prior {record[name]['prior_gib']:.2f} GiB "
-            f"({record[name]['prior_error']:+.0%}), calibrated on the others "
-            + (f"{error:+.0%}" if error is not None else "n/a")
+            f"({prior_error:+.0%}, gate {PRIOR_GATE:.0%}), calibrated on the others "
+            + (f"{error:+.0%}" if error is not None else "n/a (no other probe of this model)")
             + " (aim: within 25%)",
         )
     return record
@@ -469,8 +622,11 @@ def main() -> int:
     plan = CPU_PLAN if args.dry_run else GPU_PLAN
     check = Check(plan, args.out, started + args.deadline)
     check.summary = {"plan": plan.device, "model": plan.model, "dry_run": args.dry_run}
+    check.step("preflight", 0, preflight)
     check.step("environment", 5, environment)
+    check.summary["time_plan"] = time_plan(check)
     check.step("probes", plan.probe_timeout, probes)
+    check.step("extra_probes", 0, extra_probes)
     check.step("oom", plan.probe_timeout, forced_ooms)
     check.step("peaks", 0, peaks)
     check.step("memory_model", 0, memory_model)

@@ -100,7 +100,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     from autotune.config.knobs import ProbeConfig
     from autotune.models.registry import resolve_model, resolve_reward_model
     from autotune.models.tokenizer import load_tokenizer
-    from autotune.probe.rank.measure import NvmlSampler, peak_memory, reset_peak
+    from autotune.probe.rank.measure import NvmlSampler, peak_memory, reset_peak, state_bytes
     from autotune.probe.rank.models import build_models
     from autotune.probe.rank.ppo import StepContext, iteration, warmup_config
     from autotune.probe.rank.prompts import prompt_batches
@@ -154,7 +154,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
             "iterations": [m["seconds"] for m in measured],
             "phases": {phase: [m["phases"].get(phase, 0.0) for m in measured] for phase in ctx.phases},
         },
-        "peak": peak_memory(device.type, sampler),
+        "peak": {**peak_memory(device.type, sampler), "state_bytes": state_bytes(models, device.type)},
         "gpu_utilization": utilization,
         "environment": environment(device),
     }

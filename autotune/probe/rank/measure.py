@@ -13,7 +13,7 @@ import threading
 from contextlib import suppress
 from typing import Any
 
-__all__ = ["NvmlSampler", "peak_memory", "peak_rss_bytes", "reset_peak"]
+__all__ = ["NvmlSampler", "peak_memory", "peak_rss_bytes", "reset_peak", "state_bytes"]
 
 
 def peak_rss_bytes() -> int:
@@ -39,6 +39,32 @@ def reset_peak(device: str) -> None:
         ctypes.CDLL(None).malloc_trim(0)
     with suppress(OSError), open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")
+
+
+def _local_bytes(tensor: Any, device: str) -> int:
+    """Bytes this rank holds of `tensor` on `device`: a sharded (DTensor) parameter counts its shard."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size() if local.device.type == device else 0
+
+
+def state_bytes(models: Any, device: str) -> dict[str, int]:
+    """The training states this rank holds on `device` at the end of an iteration, tensor by tensor: the
+    weights of every model, the gradients and Adam's states of the trained ones (what sharding divides and
+    offload moves; the memory model's exact terms, measured)."""
+    weights = gradients = optimizer = 0
+    seen: set[int] = set()
+    for model in (models.actor, models.ref, models.critic, models.reward):
+        for param in model.parameters() if model is not None else ():
+            if id(param) in seen:  # tied weights, or a reference that is the actor
+                continue
+            seen.add(id(param))
+            weights += _local_bytes(param, device)
+            if param.grad is not None:
+                gradients += _local_bytes(param.grad, device)
+    for opt in (models.actor_optimizer, models.critic_optimizer):
+        for state in opt.state.values() if opt is not None else ():
+            optimizer += sum(_local_bytes(v, device) for v in state.values() if hasattr(v, "numel"))
+    return {"weights": weights, "gradients": gradients, "optimizer": optimizer}
 
 
 class NvmlSampler:
