@@ -162,6 +162,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="complete trials to reach, probed or pruned (default 20)",
     )
     run.add_argument(
+        "--train-batch-size",
+        type=COUNT,
+        metavar="N",
+        help="fix the recipe's train batch (samples per PPO iteration) to N, whatever the space says; "
+        "gpus×rollout_n×2^k",
+    )
+    run.add_argument(
+        "--mini-batch-size",
+        type=COUNT,
+        metavar="N",
+        help="fix the recipe's mini batch (samples per optimizer step: micro × accumulation × GPUs) to N, "
+        "whatever the space says; gpus×rollout_n×2^k, dividing the train batch",
+    )
+    run.add_argument(
+        "--tune",
+        type=recipe_knobs,
+        action="extend",
+        metavar="KNOB[,KNOB]",
+        help="also search these recipe knobs (train_batch_size, mini_batch_size, max_prompt_length, "
+        "max_response_length) over the range the space gives them: that changes the algorithm, not only "
+        "the speed, and the report says so. By default the recipe is held fixed and only the system "
+        "(rollout and micro batches, workers, checkpointing, sharding, offload) is searched",
+    )
+    run.add_argument(
         "--timeout-per-probe",
         type=SECONDS,
         metavar="S",
@@ -231,6 +255,22 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--json", action="store_true")
     models.set_defaults(handler=_cmd_models)
     return parser
+
+
+def recipe_knobs(text: str) -> list[str]:
+    """--tune's value: recipe knobs, comma-separated (argparse reports a wrong one in one line)."""
+    from autotune.search.space import RECIPE_KNOBS, SYSTEM_KNOBS
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected recipe knobs, e.g. --tune {RECIPE_KNOBS[0]}")
+    for name in names:
+        if name not in RECIPE_KNOBS:
+            kind = "a system knob, searched by its range in the space" if name in SYSTEM_KNOBS else "unknown"
+            raise argparse.ArgumentTypeError(
+                f"{name!r} is not a recipe knob ({kind}): --tune takes {', '.join(RECIPE_KNOBS)}"
+            )
+    return names
 
 
 def add_parallel_argument(parser: argparse.ArgumentParser) -> None:

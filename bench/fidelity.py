@@ -47,7 +47,7 @@ from autotune.config.knobs import ProbeConfig
 from autotune.probe import forkserver, launcher
 from autotune.probe.contract import ProbeSettings
 from autotune.probe.launcher import run_probe
-from autotune.search.space import EXPONENT_ORDER, SearchSpace, load_space
+from autotune.search.space import KNOBS, SearchSpace, knob_value, load_space
 from autotune.units import GIB
 from bench import common
 
@@ -56,6 +56,7 @@ SHORT, LONG = "short", "long"
 LABELS = {
     "rollout_batch_size": "R",
     "micro_batch_size": "m",
+    "mini_batch_size": "M",
     "gradient_accumulation_steps": "g",
     "num_rollout_workers": "w",
     "max_response_length": "Lr",
@@ -63,6 +64,10 @@ LABELS = {
     "train_batch_size": "T",
     "log_prob_micro_batch_size": "lm",
     "gradient_checkpointing": "ckpt",
+    "sharding": "",
+    "param_offload": "param_offload=",
+    "optimizer_offload": "optimizer_offload=",
+    "offload_policy": "offload_policy=",
 }
 
 
@@ -74,12 +79,12 @@ def searched_knobs(space: SearchSpace) -> list[str]:
     return [k.name for k in space.knobs if k.searched]
 
 
-def coordinates(config: ProbeConfig, knobs: list[str], values: dict[str, list]) -> list[float]:
+def coordinates(config: ProbeConfig, knobs: list[str], values: dict[str, list], gpus: int) -> list[float]:
     """Each knob's value as its rank among the knob's values in the grid, scaled to [0, 1]."""
     out = []
     for name in knobs:
         choices = values[name]
-        out.append(choices.index(getattr(config, name)) / max(len(choices) - 1, 1))
+        out.append(choices.index(knob_value(config, name, gpus)) / max(len(choices) - 1, 1))
     return out
 
 
@@ -88,12 +93,13 @@ def pick_configs(space: SearchSpace, count: int, seed: int = 0) -> list[ProbeCon
 
     A Latin hypercube (each knob's [0, 1] range cut into `count` strata, shuffled per knob with a fixed seed)
     gives every knob's low, middle and high values about equal shares; each point is snapped to the nearest
-    grid configuration not yet chosen (ties: grid order), since some combinations are invalid (m·g > T).
+    grid configuration not yet chosen (ties: grid order), since some combinations are invalid (the micro
+    batch must divide the mini batch, the mini batch the train batch).
     """
     grid = space.grid()
     knobs = searched_knobs(space)
-    values = {name: sorted({getattr(c, name) for c in grid}) for name in knobs}
-    points = [coordinates(c, knobs, values) for c in grid]
+    values = {name: sorted({knob_value(c, name, space.gpus) for c in grid}) for name in knobs}
+    points = [coordinates(c, knobs, values, space.gpus) for c in grid]
     rng = random.Random(seed)
     strata = [rng.sample(range(count), count) for _ in knobs]
     chosen: list[int] = []
@@ -107,10 +113,11 @@ def pick_configs(space: SearchSpace, count: int, seed: int = 0) -> list[ProbeCon
 
 
 def label(config: ProbeConfig, space: SearchSpace) -> str:
-    """Short name from the searched knobs, e.g. `R8 m4 g2 w1 Lr32`."""
-    order = (*EXPONENT_ORDER, "num_rollout_workers", "max_prompt_length", "max_response_length")
+    """Short name from the searched knobs, e.g. `R8 m4 lm8 w1 ckptFalse`."""
     knobs = set(searched_knobs(space))
-    return " ".join(f"{LABELS.get(name, name)}{getattr(config, name)}" for name in order if name in knobs)
+    return " ".join(
+        f"{LABELS.get(name, name)}{knob_value(config, name, space.gpus)}" for name in KNOBS if name in knobs
+    )
 
 
 def limit_gib(space: SearchSpace) -> float:

@@ -15,21 +15,22 @@ Scaling rule (the same for all three; `scale_space`):
 
 - model: tiny-llama (2 layers, width 64, Llama's 32,000-token vocabulary) on one CPU rank; the
   DeBERTa-v3-large reward model becomes tiny-deberta, a reward function stays a function; LoRA ranks ÷ 8.
-- one rank stands for one GPU: a global batch (train, rollout) becomes its per-GPU share (÷ W, the
+- one rank stands for one GPU: a global batch (train, mini, rollout) becomes its per-GPU share (÷ W, the
   scenario's GPU count), then every batch size ÷ 8 — micro and log-prob micro batches are per GPU already,
   so just ÷ 8. The three hand-made configs all hold 256 samples per GPU, so T = 32 and R = 8 in each, and
-  the rule keeps both the number of generate calls (T/R) and of optimizer steps (T/(m·g·W)) per iteration.
-  Ranges are scaled the same way (a bound below 1 becomes 1, the rollout batch is capped at T).
-- gradient accumulation, headroom, algorithm and gradient checkpointing choices are kept as they are.
-- lengths ÷ 8 (fixed, as data would fix them): §5.1 200/256 -> 25/32, §5.2 128/192 -> 16/24, §5.3 96/128 ->
-  12/16.
-- train_batch_size is fixed at the hand-made T: it is the update's sample count (an algorithm choice, as in
-  cpu-tiny), so the tuner's pick trains the same recipe and only the speed knobs differ.
+  the rule keeps both the number of generate calls (T/R) and of optimizer steps (T/M) per iteration: M is
+  16, 8 and 4. Ranges are scaled the same way (a bound below 1 becomes 1, the rollout batch is capped at T).
+- headroom, algorithm and gradient checkpointing choices are kept as they are; one rank holds its states
+  whole, so sharding and offload are left out of the scaled space (and the scaled hand-made config).
+- the recipe stays fixed, as in the original spaces: T and M as above, lengths ÷ 8: §5.1 200/256 -> 25/32,
+  §5.2 128/192 -> 16/24, §5.3 96/128 -> 12/16. The tuner's pick trains the same recipe as the hand-made
+  config; only the system knobs differ.
 - rollout workers: at most this machine's physical cores, for the hand-made config too (4 and 6 workers on
   2 cores is the article's own pitfall 6.2, and the tool refuses it).
 - budget (memory_budget_gib; on CPU an emulated budget on the peak RSS): the share of the original space
-  (T fixed as above) that `autotune check`'s estimate fits on the original card less headroom (FSDP full
-  shard for §5.2) is carried over: the scaled budget less headroom is the largest of
+  that `autotune check`'s estimate fits on the original card less headroom (each configuration held as it
+  says: §5.2's FSDP full shard or shard_grad_op, with offload or not) is carried over: the scaled budget
+  less headroom is the largest of
     * the peak at that share of the scaled grid (the CPU memory model calibrated on
       bench/results/cpu-tiny-grid.jsonl, shifted to the hand-made config's measured peak),
     * the hand-made config's measured peak + 0.02 GiB (the RSS noise): the article ran these configs, so
@@ -48,7 +49,6 @@ budget less headroom, the limit the tuner chose within.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import os
@@ -71,7 +71,8 @@ from autotune.memory.sharded import estimate_memory
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.probe.launcher import run_probe
 from autotune.report.selection import best_feasible
-from autotune.search.space import SearchSpace, load_space, space_from_dict
+from autotune.search.prepare import states_floor
+from autotune.search.space import SearchSpace, knob_value, load_space, space_from_dict
 from autotune.search.study import status_counts, trial_config
 from autotune.status import Attr, Status
 from autotune.units import GIB
@@ -88,13 +89,12 @@ REWARD_MODELS = {"function": "function", "deberta-v3-large": "tiny-deberta"}
 class Scenario:
     key: str
     seed_space: str
-    sharding: str  # how the article runs the original, for `autotune check`'s estimate
 
 
 SCENARIOS = (
-    Scenario("5.1", "seed-2xa100-80g-7b-lora", "none"),
-    Scenario("5.2", "seed-4xa100-40g-13b-fsdp", "full_shard"),
-    Scenario("5.3", "seed-rtx3090-24g-small-lora", "none"),
+    Scenario("5.1", "seed-2xa100-80g-7b-lora"),
+    Scenario("5.2", "seed-4xa100-40g-13b-fsdp"),
+    Scenario("5.3", "seed-rtx3090-24g-small-lora"),
 )
 
 
@@ -124,17 +124,18 @@ def scale_space(original: SearchSpace, cores: int) -> dict[str, Any]:
     knobs, gpus = original.raw["knobs"], original.gpus
     hand = original.seed_configs[0]
     train = _global(hand.config.train_batch_size, gpus)
+    mini = _global(knob_value(hand.config, "mini_batch_size", gpus), gpus)
     rollout = _scaled_range(knobs["rollout_batch_size"], lambda v: min(train, _global(v, gpus)))
     workers = knobs["num_rollout_workers"]
     scaled = {
         "train_batch_size": train,
-        "rollout_batch_size": rollout,
-        "micro_batch_size": _scaled_range(knobs["micro_batch_size"], _micro),
-        "gradient_accumulation_steps": knobs["gradient_accumulation_steps"],
-        "num_rollout_workers": {"min": 1, "max": min(cores, workers["max"])} if cores > 1 else 1,
+        "mini_batch_size": mini,
         "max_prompt_length": _length(knobs["max_prompt_length"]),
         "max_response_length": _length(knobs["max_response_length"]),
-        "gradient_checkpointing": knobs.get("gradient_checkpointing", False),
+        "rollout_batch_size": rollout,
+        "micro_batch_size": _scaled_range(knobs["micro_batch_size"], lambda v: min(mini, _micro(v))),
+        "num_rollout_workers": {"min": 1, "max": min(cores, workers["max"])} if cores > 1 else 1,
+        "gradient_checkpointing": knobs.get("gradient_checkpointing", True),
     }
     if "log_prob_micro_batch_size" in knobs:
         scaled["log_prob_micro_batch_size"] = _scaled_range(knobs["log_prob_micro_batch_size"], _micro)
@@ -160,27 +161,26 @@ def scale_space(original: SearchSpace, cores: int) -> dict[str, Any]:
                 "name": f"{hand.name} scaled",
                 "rollout_batch_size": _global(c.rollout_batch_size, gpus),
                 "train_batch_size": train,
+                "mini_batch_size": mini,
                 "micro_batch_size": _micro(c.micro_batch_size),
-                "gradient_accumulation_steps": c.gradient_accumulation_steps,
                 "num_rollout_workers": min(cores, c.num_rollout_workers),
                 "max_prompt_length": scaled["max_prompt_length"],
                 "max_response_length": scaled["max_response_length"],
+                "gradient_checkpointing": c.gradient_checkpointing,
             }
         ],
     }
 
 
-def original_fraction(original: SearchSpace, sharding: str) -> tuple[float, float]:
-    """(share of the original space, T fixed to the hand-made's, that fits its card; the hand-made's GiB)."""
+def original_fraction(original: SearchSpace) -> tuple[float, float]:
+    """(share of the original space that fits its card, each config held as it says; the hand-made's GiB).
+    The original's recipe is fixed, so every config trains the hand-made's T and M."""
     hand = original.seed_configs[0].config
-    data = copy.deepcopy(dict(original.raw))
-    data["knobs"]["train_batch_size"] = hand.train_batch_size
-    fixed = space_from_dict(data, source=original.source, cores=original.cores, name=original.name)
     arch = common.prior_memory_model(original, "cuda").arch
     limit = common.space_budget(original).limit
-    grid = fixed.grid()
-    fits = sum(estimate_memory(arch, c, original.gpus, sharding).peak <= limit for c in grid)
-    return fits / len(grid), estimate_memory(arch, hand, original.gpus, sharding).peak / GIB
+    grid = original.grid()
+    fits = sum(estimate_memory(arch, c, original.gpus).peak <= limit for c in grid)
+    return fits / len(grid), estimate_memory(arch, hand, original.gpus).peak / GIB
 
 
 def cpu_memory_model(space: SearchSpace) -> MemoryModel:
@@ -195,7 +195,7 @@ def cpu_memory_model(space: SearchSpace) -> MemoryModel:
 
 def model_floor(space: SearchSpace) -> float:
     """The peak below which `autotune run` says no configuration can fit (its uncalibrated prior)."""
-    return common.prior_memory_model(space, DEVICE).minimum_bytes(ProbeConfig(**space.fixed_fields))
+    return states_floor(space, common.prior_memory_model(space, DEVICE))[0]
 
 
 def scaled_budget(space: SearchSpace, fraction: float, hand_peak: int) -> dict[str, Any]:
@@ -306,7 +306,7 @@ def run_scenario(scenario: Scenario, args: argparse.Namespace, workdir: Path) ->
     data = scale_space(original, cores)
     draft = space_from_dict({**data, "memory_budget_gib": 64.0}, cores=cores, name=f"gain-{scenario.key}")
     hand = draft.seed_configs[0].config
-    fraction, original_hand_gib = original_fraction(original, scenario.sharding)
+    fraction, original_hand_gib = original_fraction(original)
     # The hand-made config as it is, with as many iterations as the long probes: RSS grows a little with
     # every iteration, and the budget must hold its peak in the comparison too.
     first = run_probe(hand, common.probe_settings(draft, DEVICE, args.iterations))

@@ -66,6 +66,19 @@ def batch(
     }
 
 
+def seed(train: int, mini: int, rollout: int, micro: int, prompt: int, response: int) -> dict[str, int]:
+    """A seed config's keys: the recipe (T, the mini batch, lengths) and the system knobs (R, m, workers)."""
+    return {
+        "train_batch_size": train,
+        "mini_batch_size": mini,
+        "rollout_batch_size": rollout,
+        "micro_batch_size": micro,
+        "num_rollout_workers": 1,
+        "max_prompt_length": prompt,
+        "max_response_length": response,
+    }
+
+
 @dataclass(frozen=True)
 class Plan:
     """What to probe: the GPU plan, or its CPU miniature for --dry-run."""
@@ -106,17 +119,15 @@ GPU_PLAN = Plan(
         "lora": {"enabled": False},
         "probe": {"iterations": 1, "warmup": 1, "timeout_seconds": 60},
         "knobs": {
-            "train_batch_size": 64,
-            "rollout_batch_size": {"min": 16, "max": 64},
-            "micro_batch_size": {"min": 2, "max": 32},
-            "gradient_accumulation_steps": {"min": 1, "max": 4},
-            "num_rollout_workers": {"min": 1, "max": 2},
+            "train_batch_size": 64,  # the recipe: 64 samples, 32 per optimizer step, 64/64 tokens
+            "mini_batch_size": 32,
             "max_prompt_length": 64,
             "max_response_length": 64,
+            "rollout_batch_size": {"min": 16, "max": 64},
+            "micro_batch_size": {"min": 2, "max": 32},
+            "num_rollout_workers": {"min": 1, "max": 2},
         },
-        "seed_configs": [
-            {"name": "start small (the article's advice)", **batch(64, 16, 4, 2, 64, 64, workers=1)}
-        ],
+        "seed_configs": [{"name": "start small (the article's advice)", **seed(64, 32, 16, 4, 64, 64)}],
     },
     probe_timeout=90.0,
     iterations=2,
@@ -172,14 +183,14 @@ CPU_PLAN = Plan(
         "probe": {"iterations": 1, "warmup": 1, "timeout_seconds": 60},
         "knobs": {
             "train_batch_size": 16,
-            "rollout_batch_size": {"min": 8, "max": 16},
-            "micro_batch_size": {"min": 2, "max": 16},
-            "gradient_accumulation_steps": {"min": 1, "max": 2},
-            "num_rollout_workers": 1,
+            "mini_batch_size": 16,
             "max_prompt_length": 16,
             "max_response_length": 16,
+            "rollout_batch_size": {"min": 8, "max": 16},
+            "micro_batch_size": {"min": 2, "max": 16},
+            "num_rollout_workers": 1,
         },
-        "seed_configs": [{"name": "start small", **batch(16, 8, 2, 2, 16, 16, workers=1)}],
+        "seed_configs": [{"name": "start small", **seed(16, 16, 8, 2, 16, 16)}],
     },
     probe_timeout=60.0,
     iterations=1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from pathlib import Path
 
@@ -342,3 +343,66 @@ def test_a_study_run_by_the_tuner_reports_its_winner(tmp_path):
         verl_rule_violations(parse_overrides((tmp_path / "out" / "verl_overrides.txt").read_text()), 1) == []
     )
     assert "hand-made" in (tmp_path / "out" / "report.md").read_text()
+
+
+# --- the recipe the study held fixed ----------------------------------------------------------------------
+
+RECIPE = {
+    "train_batch_size": 32,
+    "mini_batch_size": 8,
+    "max_prompt_length": 32,
+    "max_response_length": 16,
+    "algorithm": "ppo",
+    "rollout_n": 1,
+    "kl_coef": 0.05,
+    "lora": {"enabled": False, "r": 16, "alpha": 32},
+}
+RECIPE_LINE = (
+    "Recipe held fixed: train batch 32, mini batch 8 (4 optimizer steps per iteration), prompt/response "
+    "32/16 tokens, PPO, rollout_n 1, KL 0.05, no LoRA."
+)
+
+
+def test_the_report_names_the_recipe_it_held_fixed(tmp_path):
+    plan = StudyPlan(model="tiny-llama", space_name="cpu-tiny", recipe=RECIPE)
+    result = write_report(standard_study(), tmp_path, BUDGET, plan=plan, now=NOW)
+    markdown, page = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
+    assert RECIPE_LINE in markdown and RECIPE_LINE in page
+    assert markdown.index(RECIPE_LINE) < markdown.index("## Recommendation")  # near the top
+    assert "Searched recipe knobs" not in markdown
+    assert result.messages[0] == RECIPE_LINE  # the run's summary says it too, in one line
+
+
+def test_searched_recipe_knobs_are_flagged(tmp_path):
+    recipe = {**RECIPE, "train_batch_size": [32, 64, 128], "kl_coef": 0.0, "lora": {"enabled": True, "r": 8}}
+    plan = StudyPlan(model="tiny-llama", recipe=recipe, tune=["train_batch_size"])
+    result = write_report(standard_study(), tmp_path, BUDGET, plan=plan, now=NOW)
+    markdown = (tmp_path / "report.md").read_text()
+    fixed = "Recipe held fixed: mini batch 8, prompt/response 32/16 tokens, PPO, rollout_n 1, no KL, LoRA r8"
+    flag = "Searched recipe knobs (an algorithm change, not only speed): train_batch_size (32, 64, 128)."
+    assert fixed in markdown and flag in markdown
+    assert flag in (tmp_path / "report.html").read_text()
+    assert len([line for line in result.messages if flag in line]) == 1
+    assert result.messages[0].startswith(fixed) and result.messages[0].endswith(flag)
+
+
+def test_a_study_from_before_the_recipe_was_recorded_still_reports(tmp_path):
+    study = standard_study()
+    stored = dataclasses.asdict(StudyPlan(model="tiny-llama", budget_bytes=BUDGET.bytes))
+    for key in ("recipe", "tune"):
+        del stored[key]  # as an older autotune stored it
+    study.set_user_attr("plan", stored)
+    plan = StudyPlan.load(study)
+    assert plan.recipe == {} and plan.tune == []
+    result = write_report(study, tmp_path, plan=plan, now=NOW)
+    assert result.ok and "Recipe" not in (tmp_path / "report.md").read_text()
+
+
+def test_the_plan_stores_the_spaces_recipe():
+    from autotune.probe.contract import ProbeSettings
+    from autotune.search.space import load_space
+
+    space = load_space("cpu-tiny")
+    plan = StudyPlan.of(space, ProbeSettings(), BUDGET, 6)
+    assert plan.recipe == space.recipe() and plan.tune == []
+    assert plan.space["knobs"]["mini_batch_size"] == space.recipe()["mini_batch_size"]

@@ -139,8 +139,14 @@ def test_agent_workers_divide_the_step():
 @pytest.mark.parametrize("gpus,rollout_n", [(1, 1), (2, 1), (2, 2), (3, 2), (4, 4), (8, 1), (8, 5)])
 def test_every_config_of_a_space_exports_within_verls_rules(gpus, rollout_n):
     algorithm = "grpo" if rollout_n > 1 else "ppo"
-    space = load_space("seed-2xa100-80g-7b-lora").with_settings(
-        gpus=gpus, rollout_n=rollout_n, algorithm=algorithm
+    base = load_space("seed-2xa100-80g-7b-lora")
+    batches = {"train_batch_size": {"min": 128, "max": 2048}, "mini_batch_size": {"min": 16, "max": 1024}}
+    space = base.with_settings(
+        gpus=gpus,
+        rollout_n=rollout_n,
+        algorithm=algorithm,
+        tune=list(batches),  # the recipe's batches too: every train and mini batch the space allows
+        knobs={**base.raw["knobs"], **batches},
     )
     configs = list(itertools.islice(space.iter_grid(), 3000))
     assert configs

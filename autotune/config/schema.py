@@ -101,8 +101,9 @@ def show(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, str):  # quoted where YAML would read it as something else ("4", "true", "")
-        return value if value.strip() and isinstance(_plain_yaml(value), str) else repr(value)
+    if isinstance(value, str):  # quoted where YAML would read it as something else ("4", "true", "", "a\nb")
+        plain = value.strip() and value.isprintable() and isinstance(_plain_yaml(value), str)
+        return value if plain else repr(value)
     if isinstance(value, (dict, list)):
         text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1_000_000).strip()
     else:

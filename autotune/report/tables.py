@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from optuna.trial import FrozenTrial
 
+from autotune.config.knobs import ProbeConfig
 from autotune.formats.rollout import RULES
 from autotune.models.names import verl_model_path
 from autotune.search.study import describe_budget, trial_config, trial_status
@@ -17,6 +18,7 @@ from autotune.units import GIB
 
 if TYPE_CHECKING:
     from autotune.report.data import ReportData
+    from autotune.search.plan import StudyPlan
 
 __all__ = [
     "Table",
@@ -29,6 +31,7 @@ __all__ = [
     "knob_cells",
     "memory_model_table",
     "model_error_line",
+    "recipe_lines",
     "recommendation_table",
     "seconds",
     "show",
@@ -46,7 +49,10 @@ KNOB_COLUMNS = (
     ("Lp", "max_prompt_length"),
     ("Lr", "max_response_length"),
     ("ckpt", "gradient_checkpointing"),
+    ("shard", "sharding"),
+    ("offload", "offload"),  # which of the three offloads, if any
 )
+OFFLOAD_NAMES = (("param_offload", "param"), ("optimizer_offload", "optim"), ("offload_policy", "policy"))
 MAX_ROWS = 40
 
 
@@ -64,10 +70,14 @@ def knob_cells(trial: FrozenTrial) -> list[str]:
     config = trial_config(trial)
     if config is None:
         return ["-"] * len(KNOB_COLUMNS)
-    return [
-        ("on" if v else "off") if isinstance(v, bool) else str(v)
-        for v in (getattr(config, attr) for _, attr in KNOB_COLUMNS)
-    ]
+    return [_cell(config, attr) for _, attr in KNOB_COLUMNS]
+
+
+def _cell(config: ProbeConfig, attr: str) -> str:
+    if attr == "offload":
+        return "+".join(short for name, short in OFFLOAD_NAMES if getattr(config, name)) or "off"
+    value = getattr(config, attr)
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 def _figures(trial: FrozenTrial) -> list[str]:
@@ -233,6 +243,47 @@ def headline(report: ReportData) -> list[str]:
     space = f", space {ctx.space_name}" if ctx.space_name else ""
     return [
         f"Study {report.study_name}{space}: model {ctx.model}, reward {ctx.reward_model}, {ctx.gpus} GPU(s).",
+        *recipe_lines(ctx),
         f"Memory budget per GPU: {describe_budget(report.budget)}.",
         f"Written {report.created}.",
     ]
+
+
+def recipe_lines(plan: StudyPlan) -> list[str]:
+    """The recipe the study held fixed, in one line, then the recipe knobs it searched, flagged: those change
+    what is trained, not only how fast. Nothing for a study that did not record its recipe (older ones)."""
+    recipe, tune = plan.recipe or {}, list(plan.tune or [])
+    if not recipe:
+        return []
+    lines = ["Recipe held fixed: " + ", ".join(_recipe_parts(recipe, tune)) + "."]
+    if tune:
+        searched = "; ".join(f"{name} {_listed(recipe.get(name))}" for name in tune)
+        lines.append(f"Searched recipe knobs (an algorithm change, not only speed): {searched}.")
+    return lines
+
+
+def _recipe_parts(recipe: dict, tune: list[str]) -> list[str]:
+    fixed = {name: value for name, value in recipe.items() if name not in tune}
+    train, mini = fixed.get("train_batch_size"), fixed.get("mini_batch_size")
+    parts = [] if train is None else [f"train batch {train}"]
+    if mini is not None:
+        steps = f" ({train // mini} optimizer steps per iteration)" if train and train % mini == 0 else ""
+        parts.append(f"mini batch {mini}{steps}")
+    prompt, response = fixed.get("max_prompt_length"), fixed.get("max_response_length")
+    if prompt is not None and response is not None:
+        parts.append(f"prompt/response {prompt}/{response} tokens")
+    else:
+        parts += [
+            f"{name} {fixed[name]}" for name in ("max_prompt_length", "max_response_length") if name in fixed
+        ]
+    parts.append(str(recipe.get("algorithm", "?")).upper())
+    parts.append(f"rollout_n {recipe.get('rollout_n', '?')}")
+    kl = recipe.get("kl_coef")
+    parts.append("no KL" if kl == 0 else f"KL {kl:g}" if isinstance(kl, (int, float)) else "KL ?")
+    lora = recipe.get("lora") or {}
+    parts.append(f"LoRA r{lora.get('r')} alpha {lora.get('alpha')}" if lora.get("enabled") else "no LoRA")
+    return parts
+
+
+def _listed(values: object) -> str:
+    return f"({', '.join(map(str, values))})" if isinstance(values, list) else str(values)

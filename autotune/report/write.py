@@ -31,7 +31,7 @@ from autotune.files import make_folder, write_whole
 from autotune.formats.verl import format_overrides
 from autotune.report.data import ReportData, best_config_yaml, build_report
 from autotune.report.markdown import render_markdown
-from autotune.report.tables import launch_line
+from autotune.report.tables import launch_line, recipe_lines
 from autotune.search.plan import StudyPlan
 from autotune.search.study import Budget, trial_status
 from autotune.status import Attr
@@ -148,4 +148,5 @@ def summary_lines(report: ReportData, out_dir: Path) -> list[str]:
             "start verl on it (replace the /path/to/ parts):",
             "  " + launch_line(report, str((out_dir / "verl_overrides.txt").resolve())),
         ]
-    return [*lines, f"report: {out_dir / 'report.html'}"]
+    recipe = " ".join(recipe_lines(report.plan))  # one line: what was trained, and what of it was searched
+    return [*([recipe] if recipe else []), *lines, f"report: {out_dir / 'report.html'}"]

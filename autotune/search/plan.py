@@ -8,6 +8,7 @@ threads, remote code) are not part of it: each process decides those for itself.
     plan = StudyPlan.of(space, settings, budget, trials=20)
     plan.save(study)
     StudyPlan.load(study).budget         # Budget(bytes, headroom)
+    StudyPlan.load(study).recipe         # what it trains: T, M, lengths, algorithm, n, KL, LoRA ({} if older)
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class StudyPlan:
     identity: dict[str, Any] = field(default_factory=dict)  # what the measurements depend on
     rollout_engine: str = "vllm"  # verl's rollout.name for the export
     model_parameters: int | None = None  # the actor's: the rollout engine's tensor parallel size needs it
+    recipe: dict[str, Any] = field(default_factory=dict)  # what the study trains (SearchSpace.recipe)
+    tune: list[str] = field(default_factory=list)  # recipe knobs it searches; empty for older studies too
 
     @classmethod
     def of(
@@ -67,6 +70,8 @@ class StudyPlan:
             settings=shared,
             trials=trials,
             identity=dict(identity or {}),
+            recipe=space.recipe(),
+            tune=list(space.tune),
             **export,
         )
 

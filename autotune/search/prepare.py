@@ -1,9 +1,11 @@
-"""Everything `autotune run` settles before its first probe: the space (with the command line's model, GPUs
-and data), the device, the models, the memory budget, the probe settings, and what the study will measure.
+"""Everything `autotune run` settles before its first probe: the space (with the command line's model, GPUs,
+recipe flags and data), the device, the models, the memory budget, the probe settings, and what the study
+will measure.
 
 A study measures one job: the study's identity (the model's and reward model's fingerprints, the device,
-the GPUs, the budget, the probe's iterations, the data's prompts) is stored with it; resuming it with another
-is refused, and default study names carry the identity's fingerprint, so another job gets another study.
+the GPUs, the budget, the probe's iterations, the data's prompts, the recipe it trains) is stored with it;
+resuming it with another is refused, and default study names carry the identity's fingerprint, so another
+job gets another study.
 """
 
 from __future__ import annotations
@@ -20,17 +22,28 @@ from typing import Any
 from rich.console import Console
 
 from autotune.config.knobs import ProbeConfig
-from autotune.config.numbers import MAX_SECONDS, parse_float
+from autotune.config.numbers import MAX_SECONDS, is_int, parse_float
+from autotune.config.schema import show
 from autotune.errors import UserError
 from autotune.memory.model import MemoryModel
 from autotune.probe.contract import ProbeSettings
-from autotune.search.space import SearchSpace
+from autotune.search.space import (
+    MINI,
+    OFFLOAD_KNOBS,
+    TRAIN,
+    SearchSpace,
+    batch_value_problem,
+    space_from_dict,
+)
 from autotune.search.study import Budget
 from autotune.units import GIB
 
 __all__ = [
     "Prepared",
     "RunOptions",
+    "check_floor",
+    "check_offload",
+    "command_line_space",
     "data_prompts_file",
     "default_study_name",
     "fit_space_to_data",
@@ -40,6 +53,7 @@ __all__ = [
     "prepare",
     "probe_settings",
     "resolve_budget_gib",
+    "states_floor",
 ]
 
 PROMPTS_LIMIT = 10_000  # prompt texts of --data the probes draw from
@@ -83,6 +97,9 @@ class RunOptions:
     prompt_key: str | None = None
     response_key: str | None = None
     rollout_engine: str = "vllm"
+    train_batch_size: int | None = None  # fixes the recipe's T (overrides the space's value or range)
+    mini_batch_size: int | None = None  # fixes the recipe's M, samples per optimizer step
+    tune: list[str] | None = None  # recipe knobs to search as well (an algorithm change: the report says so)
 
 
 def default_study_name(space_name: str, model: str, gpus: int, fingerprint: str) -> str:
@@ -147,6 +164,8 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
 
     space, lengths = resolve_space(options, console)
     device = resolve_device(options.device, space.gpus)
+    space = without_unmeasurable_offload(space, device, console)
+    check_offload(space, device)
     actor = resolve_model(space.model, options.weights, options.trust_remote_code)
     reward = resolve_reward_model(space.reward_model)
     budget_gib = resolve_budget_gib(space, options, device)
@@ -160,26 +179,16 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
     raise_for(position_findings(longest, actor))
     check_floor(space, model, budget, budget_gib)
     settings = dataclasses.replace(probe_settings(space, options, device), memory_budget_gib=budget_gib)
-    identity = study_identity(actor, reward, settings, device_label(device), budget, lengths)
+    identity = study_identity(actor, reward, settings, device_label(device), budget, lengths, space.recipe())
     return Prepared(space, settings, budget, model, lengths, identity)
 
 
 def resolve_space(options: RunOptions, console: Console) -> tuple[SearchSpace, Any]:
-    """The space with the command line's model, GPUs and reward model, fitted to `--data` when given."""
-    from autotune.search.space import load_space
+    """The space with the command line's model, GPUs, reward model and recipe flags, fitted to `--data`."""
+    from autotune.search.space import read_space, space_from_dict
 
-    space = load_space(options.space)
-    changes = {
-        key: value
-        for key, value in (
-            ("model", options.model),
-            ("gpus", options.gpus),
-            ("reward_model", options.reward_model),
-        )
-        if value is not None
-    }
-    if changes:
-        space = space.with_settings(**changes)
+    data, source, name = read_space(options.space)
+    space = space_from_dict(command_line_space(data, options, source), source=source, name=name)
     if options.data is None:
         return space, None
     from autotune.data.lengths import measure_lengths
@@ -191,22 +200,147 @@ def resolve_space(options: RunOptions, console: Console) -> tuple[SearchSpace, A
     return space, lengths
 
 
+FLAGS = {TRAIN: "--train-batch-size", MINI: "--mini-batch-size"}
+
+
+def command_line_space(data: Any, options: RunOptions, source: str = "the space file") -> Any:
+    """The space's YAML with the command line's settings in: --model, --gpus and --reward-model replace the
+    top-level keys; --train-batch-size and --mini-batch-size fix those recipe knobs (whatever the file says);
+    --tune adds recipe knobs to `tune:`. Checked here where only the flag can be wrong (one line each); the
+    rest is `space_from_dict`'s to check."""
+    if not isinstance(data, dict):
+        return data  # space_from_dict says what is wrong with it
+    data = copy.deepcopy(data)
+    settings = {"model": options.model, "gpus": options.gpus, "reward_model": options.reward_model}
+    data.update({key: value for key, value in settings.items() if value is not None})
+    fixed = {TRAIN: options.train_batch_size, MINI: options.mini_batch_size}
+    fixed = {name: value for name, value in fixed.items() if value is not None}
+    _add_tuned(data, list(dict.fromkeys(options.tune or [])), fixed, source)
+    for name, value in fixed.items():
+        _fix_knob(data, name, value)
+    return data
+
+
+def _add_tuned(data: dict, tune: list[str], fixed: dict[str, int], source: str) -> None:
+    """--tune: list the knobs under `tune:`; a knob the file (or a flag) fixes has no range to search."""
+    knobs = data.get("knobs")
+    for name in tune:
+        if name in fixed:
+            raise UserError(
+                f"{FLAGS[name]} {fixed[name]} fixes {name}, and --tune {name} would search it: give one "
+                f"of them"
+            )
+        if isinstance(knobs, dict) and name in knobs and not isinstance(knobs[name], dict):
+            raise UserError(
+                f"--tune {name}: {source} fixes {name}={show(knobs[name])}, and --tune cannot invent a "
+                f"range: give {name} a range {{min: .., max: ..}} in a copy of the space file"
+            )
+    listed = data.get("tune")
+    if tune and (listed is None or isinstance(listed, list)):  # a malformed tune: the space reports it
+        data["tune"] = list(dict.fromkeys([*(listed or []), *tune]))
+
+
+def _fix_knob(data: dict, name: str, value: int) -> None:
+    """--train-batch-size / --mini-batch-size: the knob is that one value, and no longer tuned."""
+    unit = _unit(data)
+    problem = batch_value_problem(name, value, unit) if unit else None
+    if problem:
+        raise UserError(f"{FLAGS[name]} {value}: {problem}")
+    if isinstance(data.get("knobs"), dict):
+        data["knobs"][name] = value
+    if isinstance(data.get("tune"), list):
+        data["tune"] = [knob for knob in data["tune"] if knob != name]
+
+
+def _unit(data: dict) -> int | None:
+    """gpus × rollout_n of the space's YAML, when both are valid (else the space reports them)."""
+    gpus, n = data.get("gpus", 1), data.get("rollout_n", 1)
+    return gpus * n if is_int(gpus) and is_int(n) and gpus >= 1 and n >= 1 else None
+
+
+def without_unmeasurable_offload(space: SearchSpace, device: str, console: Console) -> SearchSpace:
+    """On CPU an offload knob that may be false is searched at false only, said in one line (offload moves
+    states off a GPU: there is none to measure it on); one fixed at true is left to `check_offload`."""
+    if device != "cpu":
+        return space
+    narrowed = [name for name in OFFLOAD_KNOBS if set(space.knob(name).values()) == {True, False}]
+    if not narrowed:
+        return space
+    data = copy.deepcopy(dict(space.raw))
+    for name in narrowed:
+        data["knobs"][name] = False
+    console.print(
+        f"note: {', '.join(narrowed)} searched at false only on CPU (offload is measured on CUDA; "
+        "a GPU run searches both)",
+        soft_wrap=True,
+    )
+    return space_from_dict(data, source=space.source, cores=space.cores, name=space.name)
+
+
+def check_offload(space: SearchSpace, device: str) -> None:
+    """Refuse, in one line, a space that may offload on a device offload cannot be measured on (the CPU)."""
+    from autotune.config.rules import offload_findings
+
+    sharded = next((s for s in space.knob("sharding").values() if s != "replicate"), "full_shard")
+    lines = []
+    for name in OFFLOAD_KNOBS:
+        if True not in space.knob(name).values():
+            continue
+        for finding in offload_findings(ProbeConfig(sharding=sharded, **{name: True}), device):
+            lines.append(f"knobs.{name} may be true, but {finding.problem}; fix: {finding.fix}")
+    if lines:
+        raise UserError(f"{space.source}: " + "; ".join(lines))
+
+
+def states_floor(space: SearchSpace, model: MemoryModel) -> tuple[int, ProbeConfig]:
+    """The model's states alone (weights, gradients, optimizer state, and its runtime constant) held the
+    smallest way the space allows (its sharding and offload choices), and that holding."""
+    held = [ProbeConfig(**space.fixed_fields, **holding) for holding in space.holdings()]
+    return min(((model.minimum_bytes(config), config) for config in held), key=lambda pair: pair[0])
+
+
 def check_floor(space: SearchSpace, model: MemoryModel, budget: Budget, budget_gib: float) -> None:
-    """Refuse a budget below the model's states alone: no batch setting could fit."""
-    floor = model.minimum_bytes(ProbeConfig(**space.fixed_fields))
+    """Refuse a budget below the model's states alone, held the smallest way the space allows: no batch
+    setting could fit."""
+    floor, smallest = states_floor(space, model)
     if floor > budget.limit:
         raise UserError(
             f"--memory-budget {budget_gib:g} GiB: {space.model}'s weights, gradients and optimizer "
-            f"state alone need about {floor / GIB:.1f} GiB per rank (budget less "
-            f"{space.headroom:.0%} headroom is {budget.limit / GIB:.1f} GiB); use LoRA, more memory "
-            f"or a smaller model"
+            f"state alone need about {floor / GIB:.1f} GiB per rank {_holding_text(smallest, space)} "
+            f"(budget less {space.headroom:.0%} headroom is {budget.limit / GIB:.1f} GiB); use LoRA, more "
+            f"memory{_more_holdings(space)} or a smaller model"
         )
 
 
+def _holding_text(config: ProbeConfig, space: SearchSpace) -> str:
+    if not config.sharded:
+        return "held replicated"
+    offloads = [name for name in OFFLOAD_KNOBS if getattr(config, name)]
+    how = config.sharding + (f" with {' and '.join(offloads)}" if offloads else "")
+    return f"even held as {how} over {space.gpus} rank(s), the smallest holding the space allows"
+
+
+def _more_holdings(space: SearchSpace) -> str:
+    """What else could hold the states in less: the sharding or offload the space does not offer."""
+    offered = space.holdings()
+    if not any(h["sharding"] != "replicate" for h in offered):
+        return ", sharding (full_shard) on several GPUs"
+    if not any(any(h[name] for name in OFFLOAD_KNOBS) for h in offered):
+        return ", offload (offload_policy, on CUDA)"
+    return ""
+
+
 def study_identity(
-    actor: Any, reward: Any, settings: ProbeSettings, device: str, budget: Budget, lengths: Any
+    actor: Any,
+    reward: Any,
+    settings: ProbeSettings,
+    device: str,
+    budget: Budget,
+    lengths: Any,
+    recipe: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What a study's measurements depend on, beyond the configurations themselves."""
+    """What a study's measurements depend on, beyond the configurations themselves (the recipe too: trials
+    of another T or mini batch train another algorithm, and must not be mixed into the selection)."""
     prompts = None
     if lengths is not None and lengths.prompt_texts:
         prompts = _digest(json.dumps(lengths.prompt_texts[:PROMPTS_LIMIT]))
@@ -215,6 +349,7 @@ def study_identity(
         "budget_bytes": budget.bytes,
         "iterations": f"{settings.warmup_iterations} warm-up + {settings.iterations} measured",
         "prompts": prompts or "synthetic",
+        **({"recipe": recipe} if recipe is not None else {}),
     }
 
 
@@ -252,7 +387,8 @@ def length_knob_at_least(space, name: str, minimum: int) -> Any:
 
 
 def fit_space_to_data(space, report) -> tuple[Any, list[str]]:
-    """Bound the length knobs below by the data's suggestions (p95 prompts, p90 responses)."""
+    """Bound the length knobs below by the data's suggestions (p95 prompts, p90 responses); a tuned length
+    left with one value is no longer tuned."""
     from autotune.search.space import space_from_dict
 
     limits = {
@@ -267,6 +403,8 @@ def fit_space_to_data(space, report) -> tuple[Any, list[str]]:
             continue
         data["knobs"][name] = length_knob_at_least(space, name, minimum)
         notes.append(f"{name} >= {minimum} (the data's suggestion): {data['knobs'][name]}")
+        if not isinstance(data["knobs"][name], dict) and name in data.get("tune", []):
+            data["tune"] = [knob for knob in data["tune"] if knob != name]  # one value left: nothing to tune
     return space_from_dict(data, source=space.source, cores=space.cores, name=space.name), notes
 
 

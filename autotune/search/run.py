@@ -9,11 +9,13 @@ from pathlib import Path
 from rich.console import Console
 
 from autotune.files import hold_lock, make_folder
+from autotune.report.tables import recipe_lines
 from autotune.search.loop import print_summary, probe_study
 from autotune.search.outage import PENDING_FILE
 from autotune.search.plan import StudyPlan, check_same_job
 from autotune.search.prepare import RunOptions, data_prompts_file, default_study_name, prepare
 from autotune.search.slots import plan_slots
+from autotune.search.space import SearchSpace, misfits
 from autotune.search.storage import (
     check_parallel_safe,
     default_storage_url,
@@ -30,9 +32,10 @@ from autotune.search.study import (
     open_study,
 )
 from autotune.search.tuner import Tuner
+from autotune.status import StudyAttr
 from autotune.units import GIB
 
-__all__ = ["finish", "run_study", "start_message"]
+__all__ = ["finish", "run_study", "start_message", "unfit_seed_lines"]
 
 
 def start_message(study_name: str, storage: str, budget: Budget, resumed: int) -> str:
@@ -69,9 +72,14 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
         plan = StudyPlan.of(space, settings, job.budget, options.trials, job.identity, **export)
         plan.save(study)
         console.print(start_message(study_name, storage, job.budget, len(finished_trials(study))))
+        for line in recipe_lines(plan):
+            console.print(line, markup=False, highlight=False)
+        fresh = not study.user_attrs.get(StudyAttr.SEEDED)
         seeded = enqueue_seed_configs(study, space)
         if seeded:
             console.print(f"enqueued the hand-made configs first: {', '.join(seeded)}")
+        for line in unfit_seed_lines(space, seeded) if fresh else []:
+            console.print(line, markup=False, highlight=False)
         pending = out_dir / PENDING_FILE
         tuner = Tuner(
             study, space, settings, job.budget, job.memory_model, storage_url=storage, pending_path=pending
@@ -80,6 +88,17 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
         probe_study(tuner, options.trials, options.time_budget_seconds, slots, console)
         print_summary(tuner, console, *memory_model_error(study))
         return finish(tuner, plan, out_dir, console)
+
+
+def unfit_seed_lines(space: SearchSpace, seeded: list[str]) -> list[str]:
+    """Why each hand-made config of the space was not enqueued (the space cannot produce it)."""
+    lines = [f"hand-made config {name!r} is not enqueued: {why}" for name, why in space.unfit_seeds]
+    for seed in space.seed_configs:
+        if seed.name not in seeded:
+            lines.append(
+                f"hand-made config {seed.name!r} is not enqueued: {'; '.join(misfits(space, seed.config))}"
+            )
+    return lines
 
 
 def one_tuner_per_sqlite_study(storage: str, study_name: str) -> contextlib.AbstractContextManager:

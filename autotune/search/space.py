@@ -5,27 +5,39 @@
     config = sample_config(space, trial)      # a ProbeConfig that breaks no rule (autotune.config.rules)
     params = config_to_params(space, seed)    # for study.enqueue_trial(params); None when it does not fit
     space.grid(), space.size()                # every valid configuration, and how many there are
+    space.recipe(), space.tune                # what the study trains (held fixed), and the recipe it searches
+
+The study tunes the system and keeps the user's recipe. Recipe knobs (`RECIPE_KNOBS`: train batch T, mini
+batch M, prompt and response lengths; with the top-level algorithm, rollout_n, kl_coef and LoRA) change what
+is trained per step: a larger T only amortises fixed costs and a shorter Lr only does less work, so a search
+over them drifts to another algorithm. Each must be one value unless the top-level `tune:` list names it; the
+report then flags it. System knobs (`SYSTEM_KNOBS`: rollout batch, micro batches, workers, checkpointing,
+sharding, offload) change speed and memory only; the study searches them.
 
 Valid by construction. Optuna forbids changing a categorical's choices between trials, but an integer
 range may change from trial to trial. So the batch knobs are sampled as exponents, with `trial.suggest_int`,
 in a fixed order, each range clipped by the choices made before it. With W = gpus, n = rollout_n, the unit
 u = W·n and v = v2(n) (the exponent of 2 in n):
 
-    knob                         value     Optuna param                        range        ensures
-    train_batch_size            T  = u·2^b  log2_train_batch_units              [b_lo, b_hi]
-    rollout_batch_size          R  = u·2^a  log2_rollout_batch_units            a <= b       T % R == 0
-    micro_batch_size            m  = 2^i    log2_micro_batch_size               i + j <= b+v T % (m·g·W) == 0
-    gradient_accumulation_steps g  = 2^j    log2_gradient_accumulation_steps
-    log_prob_micro_batch_size   lm = 2^l    log2_log_prob_micro_batch_size      l <= b+v     lm divides T/W
+    knob                        value     Optuna param                      range        ensures
+    train_batch_size           T  = u·2^b  log2_train_batch_units            [b_lo, b_hi]
+    mini_batch_size            M  = u·2^c  log2_mini_batch_units             c <= b       T % M == 0
+    rollout_batch_size         R  = u·2^a  log2_rollout_batch_units          a <= b       T % R == 0
+    micro_batch_size           m  = 2^i    log2_micro_batch_size             i <= c+v     m divides M/W
+    log_prob_micro_batch_size  lm = 2^l    log2_log_prob_micro_batch_size    l <= b+v     lm divides T/W
 
-R % W == 0 and whole prompt groups per rank (R % (W·n) == 0) hold because R is a multiple of u. b's own lower
-bound already accounts for the knobs after it, so every choice leaves at least one valid completion, and the
-clipped ranges hold exactly the valid configurations: sampling reaches all of them and nothing else.
+M is samples per optimizer step (verl's ppo_mini_batch_size × rollout_n); the gradient accumulation steps
+are derived, g = M/(W·m), and fill ProbeConfig's field, so T % (m·g·W) == 0 holds. R % W == 0 and whole
+prompt groups per rank (R % (W·n) == 0) hold because R is a multiple of u. b's own lower bound already
+accounts for the knobs after it (and c's for m), so every choice leaves at least one valid completion, and
+the clipped ranges hold exactly the valid configurations: sampling reaches all of them and nothing else.
 (Multivariate samplers model only parameters whose range never changes; the clipped ones are sampled
 independently. That is the price of validity by construction.)
 
-Lengths, workers and gradient checkpointing are independent of the batch knobs: a fixed list of choices is a
-categorical, a range is an integer (`{min, max}` of a length: powers of two; with `step`: linear).
+Lengths, workers, gradient checkpointing and the holding (sharding, offload) are independent of the batch
+knobs: a fixed list of choices is a categorical, a range is an integer (`{min, max}` of a length: powers of
+two; with `step`: linear). Offload is FSDP's: an offload knob is asked only when the sampled sharding is
+full_shard or shard_grad_op (false under replicate), so no sample offloads replicated states.
 `num_rollout_workers` is a linear range whose max is clipped to the physical cores of the machine the space
 was loaded on (`SearchSpace.cores`); a min above them is an error (workers beyond the cores compete for
 them and rollout stalls).
@@ -43,20 +55,31 @@ YAML schema (unknown keys anywhere are errors; every error is reported at once, 
     kl_coef: 0.05
     lora: {enabled: false, r: 16, alpha: 32}
     probe: {iterations: 2, warmup: 1, timeout_seconds: 600}
+    tune: []                       # optional: recipe knobs the study may search (the report flags them)
     knobs:                         # a scalar fixes a knob; batch knobs: u·2^k or 2^k, {min, max} rounded in
-      train_batch_size: {min: 16, max: 128}
-      rollout_batch_size: {min: 8, max: 64}
-      micro_batch_size: {min: 1, max: 16}
-      gradient_accumulation_steps: {min: 1, max: 4}
+      # the recipe: one value each, unless listed under tune:
+      train_batch_size: 32                            # samples per PPO iteration
+      mini_batch_size: 8                              # samples per optimizer step (M = m·g·W)
+      max_prompt_length: 32                           # a tuned length: {min, max} powers of two,
+      max_response_length: 64                         # {min, max, step} or {choices: [...]}
+      # the system: searched
+      rollout_batch_size: {min: 8, max: 32}
+      micro_batch_size: {min: 1, max: 8}
       log_prob_micro_batch_size: {min: 2, max: 32}    # optional; omitted or null = same as micro_batch_size
       num_rollout_workers: {min: 1, max: 4}           # or {min, max, step}, {choices: [...]}, a scalar
-      max_prompt_length: 32                           # {min, max} powers of two, {min, max, step}, {choices}
-      max_response_length: {choices: [16, 32, 64]}
-      gradient_checkpointing: {choices: [false, true]}  # optional; default false
+      gradient_checkpointing: {choices: [true, false]}  # optional; default true (verl's)
+      sharding: {choices: [full_shard, shard_grad_op]}  # optional; replicate | full_shard | shard_grad_op,
+                                                        # default replicate
+      param_offload: false                            # optional, default false; offload_policy and
+      optimizer_offload: false                        # these (true/false or {choices}) need a sharding
+      offload_policy: {choices: [false, true]}        # other than replicate, and CUDA
     seed_configs:                  # optional: hand-made configs, enqueued first when they fit the space
-      - {name: "...", rollout_batch_size: 8, train_batch_size: 32, micro_batch_size: 4,
-         gradient_accumulation_steps: 2, num_rollout_workers: 1, max_prompt_length: 32,
-         max_response_length: 16}  # optional: log_prob_micro_batch_size, gradient_checkpointing
+      - {name: "...", train_batch_size: 32, mini_batch_size: 8, rollout_batch_size: 8,
+         micro_batch_size: 4, num_rollout_workers: 1, max_prompt_length: 32,
+         max_response_length: 64}  # optional: log_prob_micro_batch_size and the system knobs above
+
+`gradient_accumulation_steps` is not a knob (in `knobs:` or a seed it is an error that says to give
+`mini_batch_size` instead): with the mini batch fixed it follows from the micro batch.
 """
 
 from __future__ import annotations
@@ -74,14 +97,19 @@ from typing import Any
 
 import yaml
 
-from autotune.config.knobs import ALGORITHMS, MAX_KL_COEF, ProbeConfig, physical_cores
+from autotune.config.knobs import ALGORITHMS, MAX_KL_COEF, SHARDINGS, ProbeConfig, physical_cores
 from autotune.config.numbers import MAX_GIB, MAX_RANKS, MAX_SECONDS, is_int
 from autotune.config.schema import MISSING, Checker, show
 from autotune.errors import UserError
 
 __all__ = [
+    "HOLDING_KNOBS",
+    "KNOBS",
     "MEMORY_EQUAL_FIELDS",
     "MEMORY_MONOTONE_KNOBS",
+    "OFFLOAD_KNOBS",
+    "RECIPE_KNOBS",
+    "SYSTEM_KNOBS",
     "TIME_ONLY_KNOBS",
     "KnobSpec",
     "LoraSpec",
@@ -90,35 +118,51 @@ __all__ = [
     "SeedConfig",
     "SpaceError",
     "at_least_as_large",
+    "batch_value_problem",
     "config_to_params",
+    "knob_value",
     "load_space",
     "misfits",
+    "read_space",
     "sample_config",
     "shipped_spaces",
     "space_from_dict",
 ]
 
-TRAIN, ROLLOUT = "train_batch_size", "rollout_batch_size"
-MICRO, ACCUM, LOGPROB = "micro_batch_size", "gradient_accumulation_steps", "log_prob_micro_batch_size"
+TRAIN, MINI, ROLLOUT = "train_batch_size", "mini_batch_size", "rollout_batch_size"
+MICRO, LOGPROB = "micro_batch_size", "log_prob_micro_batch_size"
+ACCUM = "gradient_accumulation_steps"  # ProbeConfig's field, derived: g = M/(W·m); not a knob
 WORKERS, PROMPT, RESPONSE = "num_rollout_workers", "max_prompt_length", "max_response_length"
-CHECKPOINTING = "gradient_checkpointing"
+CHECKPOINTING, SHARDING = "gradient_checkpointing", "sharding"
+OFFLOAD_KNOBS = ("param_offload", "optimizer_offload", "offload_policy")
+HOLDING_KNOBS = (SHARDING, *OFFLOAD_KNOBS)  # how the training states are held: sampled together
+BOOL_KNOBS = (CHECKPOINTING, *OFFLOAD_KNOBS)
 
-UNIT_KNOBS = (TRAIN, ROLLOUT)  # u·2^k
-EXPONENT_ORDER = (TRAIN, ROLLOUT, MICRO, ACCUM, LOGPROB)  # sampling order: each range clipped by the earlier
+UNIT_KNOBS = (TRAIN, MINI, ROLLOUT)  # u·2^k
+EXPONENT_ORDER = (TRAIN, MINI, ROLLOUT, MICRO, LOGPROB)  # sampling order: each range clipped by the earlier
 LENGTH_KNOBS = (PROMPT, RESPONSE)
-KNOBS = (*EXPONENT_ORDER, WORKERS, *LENGTH_KNOBS, CHECKPOINTING)
-OPTIONAL_KNOBS = {LOGPROB: None, CHECKPOINTING: False}  # omitted -> this value
+KNOBS = (*EXPONENT_ORDER, WORKERS, *LENGTH_KNOBS, CHECKPOINTING, *HOLDING_KNOBS)
+# What is trained per step (with algorithm, rollout_n, kl_coef and LoRA): fixed unless listed under `tune:`.
+RECIPE_KNOBS = (TRAIN, MINI, PROMPT, RESPONSE)
+SYSTEM_KNOBS = tuple(name for name in KNOBS if name not in RECIPE_KNOBS)  # speed and memory only: searched
+OPTIONAL_KNOBS: dict[str, Any] = {  # omitted -> this value (verl's defaults)
+    LOGPROB: None,
+    CHECKPOINTING: True,
+    SHARDING: "replicate",
+    **dict.fromkeys(OFFLOAD_KNOBS, False),
+}
 
 # Kinds of KnobSpec.
 FIXED, CHOICES, POW2, LINEAR = "fixed", "choices", "pow2", "linear"
 
 # Memory (docs/design.md, "Knobs and invariants"): the peak grows with MEMORY_MONOTONE_KNOBS (the log-prob
 # knob by its effective value, `None` = micro); gradient checkpointing goes the other way (True needs LESS
-# memory); MEMORY_EQUAL_FIELDS must be equal to compare two configs at all; TIME_ONLY_KNOBS change time, not
-# the peak (T and g beyond a rollout buffer of a few MB; the workers are separate processes, outside a rank's
-# CUDA memory and its RSS).
+# memory); MEMORY_EQUAL_FIELDS must be equal to compare two configs at all (another holding moves the states
+# between GPU and host in other ways); TIME_ONLY_KNOBS (ProbeConfig fields) change time, not the peak (T and
+# g beyond a rollout buffer of a few MB; the workers are separate processes, outside a rank's CUDA memory
+# and its RSS).
 MEMORY_MONOTONE_KNOBS = (MICRO, ROLLOUT, PROMPT, RESPONSE, "forward_micro_batch_size")
-MEMORY_EQUAL_FIELDS = ("algorithm", "rollout_n", "use_lora", "lora_r", "use_kl")
+MEMORY_EQUAL_FIELDS = ("algorithm", "rollout_n", "use_lora", "lora_r", "use_kl", *HOLDING_KNOBS)
 TIME_ONLY_KNOBS = (TRAIN, ACCUM, WORKERS)
 
 _TOP_KEYS = (
@@ -133,11 +177,20 @@ _TOP_KEYS = (
     "kl_coef",
     "lora",
     "probe",
+    "tune",
     "knobs",
     "seed_configs",
 )
 _LORA_KEYS = ("enabled", "r", "alpha")
 _PROBE_KEYS = ("iterations", "warmup", "timeout_seconds")
+_RECIPE_RULE = (
+    "{name} is part of the recipe (it changes the algorithm: what is trained, per step): fix it to one "
+    "value, or list it under tune: to search it, and the report will flag it"
+)
+_NO_ACCUMULATION = (
+    "is no longer a knob: give mini_batch_size: N (samples per optimizer step{product}) instead; the "
+    "accumulation steps follow from the micro batch"
+)
 
 
 class SpaceError(UserError):
@@ -170,7 +223,7 @@ class KnobSpec:
 
     @property
     def param(self) -> str:
-        """The Optuna parameter name (exponents say so: `log2_...`; T and R count units of gpus×rollout_n)."""
+        """The Optuna parameter name (exponents say so: `log2_...`; T, M and R count units of W·n)."""
         if self.kind != POW2:
             return self.name
         if self.name in UNIT_KNOBS:
@@ -248,7 +301,11 @@ class SearchSpace:
     kl_coef: float = 0.05
     lora: LoraSpec = LoraSpec()
     probe: ProbeSpec = ProbeSpec()
+    tune: tuple[str, ...] = ()  # recipe knobs the study searches (an algorithm change: the report says so)
     seed_configs: tuple[SeedConfig, ...] = ()
+    # hand-made configs these GPUs cannot run (name, why): a mini batch that is not whole micro-batches on
+    # every GPU has no accumulation count (e.g. a seed written for 2 GPUs, run with --gpus 16)
+    unfit_seeds: tuple[tuple[str, str], ...] = ()
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def knob(self, name: str) -> KnobSpec:
@@ -259,7 +316,7 @@ class SearchSpace:
 
     @property
     def unit(self) -> int:
-        """gpus × rollout_n: train and rollout batches are this times a power of two."""
+        """gpus × rollout_n: train, mini and rollout batches are this times a power of two."""
         return self.gpus * self.rollout_n
 
     @property
@@ -274,6 +331,39 @@ class SearchSpace:
             "kl_coef": self.kl_coef,
         }
 
+    def recipe(self) -> dict[str, Any]:
+        """What the study trains, as JSON: each recipe knob's value (a tuned one: the list of its values),
+        algorithm, rollout_n, kl_coef and LoRA. `tune` says which knobs are searched."""
+        held: dict[str, Any] = {}
+        for name in RECIPE_KNOBS:
+            values = list(self.knob(name).values(self.cores))
+            held[name] = values[0] if len(values) == 1 else values
+        return {
+            **held,
+            "algorithm": self.algorithm,
+            "rollout_n": self.rollout_n,
+            "kl_coef": self.kl_coef,
+            "lora": dataclasses.asdict(self.lora),
+        }
+
+    def holdings(self) -> list[dict[str, Any]]:
+        """Every way the space may hold the training states: sharding and offload values (offload only
+        where the states are sharded)."""
+        specs = [self.knob(name) for name in HOLDING_KNOBS]
+        found = []
+        for combo in itertools.product(*(spec.values() for spec in specs)):
+            holding = dict(zip(HOLDING_KNOBS, combo, strict=True))
+            if holding[SHARDING] != "replicate" or not any(holding[k] for k in OFFLOAD_KNOBS):
+                found.append(holding)
+        return found
+
+    def probe_config(self, values: Mapping[str, Any]) -> ProbeConfig:
+        """The ProbeConfig of knob values (mini_batch_size M becomes g = M/(W·m)) and the fixed fields."""
+        knobs = dict(values)
+        mini = knobs.pop(MINI)
+        knobs[ACCUM] = mini // (self.gpus * knobs[MICRO])
+        return ProbeConfig(**knobs, **self.fixed_fields)
+
     def with_settings(self, **changes: Any) -> SearchSpace:
         """The same file with top-level settings replaced (e.g. `gpus=2` from the command line), rechecked."""
         data = copy.deepcopy(dict(self.raw))
@@ -285,18 +375,35 @@ class SearchSpace:
         return list(self.iter_grid())
 
     def iter_grid(self) -> Iterator[ProbeConfig]:
-        others = [k for k in self.knobs if k.name not in EXPONENT_ORDER or k.kind == FIXED]
+        others = _other_specs(self)
         other_values = [k.values(self.cores) for k in others]
+        holdings = self.holdings()
         for exponents in _exponent_tuples(self):
             batch = {name: self.knob(name).value(e) for name, e in exponents.items()}
-            for combo in itertools.product(*other_values):
-                knobs = dict(zip([k.name for k in others], combo, strict=True))
-                yield ProbeConfig(**batch, **knobs, **self.fixed_fields)
+            for holding in holdings:
+                for combo in itertools.product(*other_values):
+                    knobs = dict(zip([k.name for k in others], combo, strict=True))
+                    yield self.probe_config({**batch, **holding, **knobs})
 
     def size(self) -> int:
         """How many valid configurations the space holds (without building them)."""
-        others = [k for k in self.knobs if k.name not in EXPONENT_ORDER or k.kind == FIXED]
-        return sum(1 for _ in _exponent_tuples(self)) * math.prod(len(k.values(self.cores)) for k in others)
+        others = math.prod(len(k.values(self.cores)) for k in _other_specs(self))
+        return sum(1 for _ in _exponent_tuples(self)) * len(self.holdings()) * others
+
+
+def knob_value(config: ProbeConfig, name: str, gpus: int) -> Any:
+    """A knob's value in `config` on `gpus` ranks: the mini batch is M = m·g·W, the others are fields."""
+    if name == MINI:
+        return config.micro_batch_size * config.gradient_accumulation_steps * gpus
+    return getattr(config, name)
+
+
+def batch_value_problem(name: str, value: int, unit: int) -> str | None:
+    """Why `value` cannot be the batch knob `name` (u·2^k or 2^k), or None."""
+    knob_unit = unit if name in UNIT_KNOBS else 1
+    if KnobSpec(name, POW2, unit=knob_unit).exponent(value) is not None:
+        return None
+    return f"must be {_form(name, knob_unit)}, e.g. {_near(value, knob_unit)}"
 
 
 # ---------------------------------------------------------------------------------------------- sampling
@@ -311,18 +418,25 @@ def _pow2_specs(space: SearchSpace) -> list[KnobSpec]:
     return [space.knob(name) for name in EXPONENT_ORDER if space.knob(name).kind == POW2]
 
 
+def _other_specs(space: SearchSpace) -> list[KnobSpec]:
+    """The knobs independent of the batch knobs and of the holding: workers, lengths, checkpointing (and a
+    log-prob knob fixed to None)."""
+    exponents = {spec.name for spec in _pow2_specs(space)}
+    return [k for k in space.knobs if k.name not in exponents and k.name not in HOLDING_KNOBS]
+
+
 def _bounds(space: SearchSpace, name: str, chosen: Mapping[str, int]) -> tuple[int, int]:
     """The exponent range of `name` given the exponents chosen before it: exactly those with a completion."""
     spec, v = space.knob(name), _v2(space.rollout_n)
     if name == TRAIN:
         return _train_floor(space), spec.high
     b = chosen[TRAIN]
+    if name == MINI:  # M divides T; leave room for the smallest micro batch: m divides M/W = n·2^c
+        return max(spec.low, space.knob(MICRO).low - v), min(spec.high, b)
     if name == ROLLOUT:
         return spec.low, min(spec.high, b)  # T % R == 0
     if name == MICRO:
-        return spec.low, min(spec.high, b + v - space.knob(ACCUM).low)  # leave room for the smallest g
-    if name == ACCUM:
-        return spec.low, min(spec.high, b + v - chosen[MICRO])  # m·g·W divides T = W·n·2^b
+        return spec.low, min(spec.high, chosen[MINI] + v)  # g = M/(W·m) whole
     return spec.low, min(spec.high, b + v)  # LOGPROB: lm divides T/W = n·2^b
 
 
@@ -331,8 +445,9 @@ def _train_floor(space: SearchSpace) -> int:
     v = _v2(space.rollout_n)
     floors = [
         space.knob(TRAIN).low,
+        space.knob(MINI).low,
         space.knob(ROLLOUT).low,
-        space.knob(MICRO).low + space.knob(ACCUM).low - v,
+        space.knob(MICRO).low - v,
     ]
     if space.knob(LOGPROB).kind == POW2:
         floors.append(space.knob(LOGPROB).low - v)
@@ -359,7 +474,8 @@ def _exponent_tuples(space: SearchSpace) -> Iterator[dict[str, int]]:
 def sample_config(space: SearchSpace, trial: Any) -> ProbeConfig:
     """One configuration from an Optuna trial (`Trial`, `FixedTrial`), valid by construction.
 
-    `num_rollout_workers` ranges are clipped to `space.cores` (physical cores where the space was loaded).
+    `num_rollout_workers` ranges are clipped to `space.cores` (physical cores where the space was loaded);
+    the offload knobs are asked only when the sampled sharding shards (false under replicate).
     """
     values: dict[str, Any] = {}
     chosen: dict[str, int] = {}
@@ -367,21 +483,26 @@ def sample_config(space: SearchSpace, trial: Any) -> ProbeConfig:
         low, high = _bounds(space, spec.name, chosen)
         chosen[spec.name] = trial.suggest_int(spec.param, low, high) if spec.searched else low
         values[spec.name] = spec.value(chosen[spec.name])
-    for spec in space.knobs:
+    for spec in space.knobs:  # in KNOBS order: sharding before the offload knobs
         if spec.name in values:
             continue
-        if spec.kind == FIXED:
-            values[spec.name] = spec.choices[0]
-        elif spec.kind == CHOICES:
-            values[spec.name] = trial.suggest_categorical(spec.param, list(spec.choices))
-        elif not spec.searched:
-            values[spec.name] = spec.values(space.cores)[0]
-        elif spec.kind == POW2:  # a length
-            values[spec.name] = spec.value(trial.suggest_int(spec.param, spec.low, spec.high))
+        if spec.name in OFFLOAD_KNOBS and values[SHARDING] == "replicate":
+            values[spec.name] = False
         else:
-            high = spec.linear_high(space.cores)
-            values[spec.name] = trial.suggest_int(spec.param, spec.low, high, step=spec.step)
-    return ProbeConfig(**values, **space.fixed_fields)
+            values[spec.name] = _suggest(spec, trial, space.cores)
+    return space.probe_config(values)
+
+
+def _suggest(spec: KnobSpec, trial: Any, cores: int) -> Any:
+    if spec.kind == FIXED:
+        return spec.choices[0]
+    if spec.kind == CHOICES:
+        return trial.suggest_categorical(spec.param, list(spec.choices))
+    if not spec.searched:
+        return spec.values(cores)[0]
+    if spec.kind == POW2:  # a length
+        return spec.value(trial.suggest_int(spec.param, spec.low, spec.high))
+    return trial.suggest_int(spec.param, spec.low, spec.linear_high(cores), step=spec.step)
 
 
 def misfits(space: SearchSpace, config: ProbeConfig) -> list[str]:
@@ -392,8 +513,9 @@ def misfits(space: SearchSpace, config: ProbeConfig) -> list[str]:
 def config_to_params(space: SearchSpace, config: ProbeConfig) -> dict[str, Any] | None:
     """The Optuna params that make `sample_config` return `config` (for `study.enqueue_trial`), or None.
 
-    A log-prob micro batch of None means "same as micro": it fits a space that searches that knob when the
-    micro batch is in its range, and the enqueued trial then sets it explicitly.
+    The mini batch is read as m·g·W. A log-prob micro batch of None means "same as micro": it fits a space
+    that searches that knob when the micro batch is in its range, and the enqueued trial then sets it
+    explicitly.
     """
     params, problems = _params_and_misfits(space, config)
     return None if problems else params
@@ -408,19 +530,20 @@ def _params_and_misfits(space: SearchSpace, config: ProbeConfig) -> tuple[dict[s
     ]
     chosen: dict[str, int] = {}
     for spec in _pow2_specs(space):
-        value = getattr(config, spec.name)
+        value = knob_value(config, spec.name, space.gpus)
         if spec.name == LOGPROB and value is None:
             value = config.micro_batch_size
         low, high = _bounds(space, spec.name, chosen) if len(chosen) == _index(space, spec) else (None, None)
         exponent = spec.exponent(value)
+        shown = _shown(spec.name, value, config, space.gpus)
         if exponent is None:
             form = f"gpus×rollout_n×2^k = {space.unit}×2^k" if spec.name in UNIT_KNOBS else "a power of two"
-            problems.append(f"{spec.name}={value}: not {form}")
+            problems.append(f"{spec.name}={shown}: not {form}")
             continue
         if low is not None and not low <= exponent <= high:
             span = f"{spec.value(low)}..{spec.value(high)}"
             problems.append(
-                f"{spec.name}={value}: outside {span}, the space's range given the knobs before it"
+                f"{spec.name}={shown}: outside {span}, the space's range given the knobs before it"
             )
             continue
         chosen[spec.name] = exponent
@@ -434,6 +557,10 @@ def _params_and_misfits(space: SearchSpace, config: ProbeConfig) -> tuple[dict[s
             if value not in (None, config.micro_batch_size):
                 problems.append(f"{LOGPROB}={value}: the space uses micro_batch_size for forward passes")
             continue
+        if spec.name in OFFLOAD_KNOBS and config.sharding == "replicate":
+            if value:  # sampling never asks: offload is false under replicate
+                problems.append(f"{spec.name}=true: offload is FSDP's, and the config replicates its states")
+            continue
         allowed = spec.values(space.cores)
         if spec.name == WORKERS and is_int(value) and value > space.cores:
             problems.append(f"{WORKERS}={value}: exceeds the {space.cores} physical cores here")
@@ -442,6 +569,13 @@ def _params_and_misfits(space: SearchSpace, config: ProbeConfig) -> tuple[dict[s
         elif spec.searched:
             params[spec.param] = spec.exponent(value) if spec.kind == POW2 else value
     return params, problems
+
+
+def _shown(name: str, value: Any, config: ProbeConfig, gpus: int) -> str:
+    if name != MINI:
+        return str(value)
+    m, g = config.micro_batch_size, config.gradient_accumulation_steps
+    return f"{value} (micro×accumulation×gpus = {m}×{g}×{gpus})"
 
 
 def _index(space: SearchSpace, spec: KnobSpec) -> int:
@@ -458,10 +592,11 @@ def at_least_as_large(a: ProbeConfig, b: ProbeConfig) -> bool:
     prompt and response lengths, the effective log-prob micro batch), `a` does not checkpoint where `b` does
     not (gradient checkpointing True needs LESS memory, so it counts as the smaller value), and the fields
     that change memory in other ways are equal (`MEMORY_EQUAL_FIELDS`: algorithm, rollout_n, LoRA and its
-    rank, KL used or not: a reference model or none). T, g and the workers (`TIME_ONLY_KNOBS`) change time,
-    not the peak, and are not compared; both configs are assumed to run on the same number of ranks.
+    rank, KL used or not: a reference model or none; sharding and offload: another holding of the states).
+    T, g and the workers (`TIME_ONLY_KNOBS`) change time, not the peak, and are not compared; both configs
+    are assumed to run on the same number of ranks.
     """
-    if any(getattr(a, key) != getattr(b, key) for key in ("algorithm", "rollout_n", "use_lora", "use_kl")):
+    if any(getattr(a, key) != getattr(b, key) for key in MEMORY_EQUAL_FIELDS if key != "lora_r"):
         return False
     if a.use_lora and a.lora_r != b.lora_r:
         return False
@@ -483,11 +618,9 @@ def shipped_spaces() -> list[str]:
     return sorted(p.stem for p in shipped_dir().glob("*.yaml"))
 
 
-def load_space(name_or_path: str, cores: int | None = None) -> SearchSpace:
-    """A shipped space by name (`default`, `cpu-tiny`, ...) or a YAML file; every mistake at once.
-
-    `cores` is the machine's physical core count (default: this machine's), the ceiling of the workers.
-    """
+def read_space(name_or_path: str) -> tuple[Any, str, str]:
+    """(parsed YAML, source path, name) of a shipped space or a YAML file, unchecked: for a caller that
+    changes it before `space_from_dict` checks it (the command line's recipe flags)."""
     ref = str(name_or_path)
     if ref in shipped_spaces():
         path, name = shipped_dir() / f"{ref}.yaml", ref
@@ -504,7 +637,16 @@ def load_space(name_or_path: str, cores: int | None = None) -> SearchSpace:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise SpaceError([_yaml_error_line(str(path), exc)]) from None
-    return space_from_dict(data, source=str(path), cores=cores, name=name)
+    return data, str(path), name
+
+
+def load_space(name_or_path: str, cores: int | None = None) -> SearchSpace:
+    """A shipped space by name (`default`, `cpu-tiny`, ...) or a YAML file; every mistake at once.
+
+    `cores` is the machine's physical core count (default: this machine's), the ceiling of the workers.
+    """
+    data, source, name = read_space(name_or_path)
+    return space_from_dict(data, source=source, cores=cores, name=name)
 
 
 def _unknown_space_message(ref: str, path: Path) -> str:
@@ -537,7 +679,9 @@ def space_from_dict(
     check.unknown_keys("", data, _TOP_KEYS)
     top = _parse_top(check, data)
     unit = top["gpus"] * top["rollout_n"] if top["gpus"] and top["rollout_n"] else None
+    tune = _parse_tune(check, data.get("tune"))
     knobs = _parse_knobs(check, data.get("knobs"), unit, cores)
+    _check_recipe(check, knobs, tune, data.get("knobs"))
     space = None
     if not check.errors:
         space = SearchSpace(
@@ -545,15 +689,17 @@ def space_from_dict(
             source=source,
             knobs=tuple(knobs[k] for k in KNOBS),
             cores=cores,
+            tune=tune,
             raw=copy.deepcopy(data),
             **top,
         )
         _check_conflicts(check, space)
-    seeds = _parse_seeds(check, data.get("seed_configs"), space)
+        _check_holding(check, space)
+    seeds, unfit = _parse_seeds(check, data.get("seed_configs"), space, top["gpus"])
     if check.errors:
         raise SpaceError(check.errors)
     assert space is not None
-    return dataclasses.replace(space, seed_configs=tuple(seeds))
+    return dataclasses.replace(space, seed_configs=tuple(seeds), unfit_seeds=tuple(unfit))
 
 
 def _parse_top(check: Checker, data: dict) -> dict[str, Any]:
@@ -603,14 +749,60 @@ def _parse_section(check: Checker, path: str, data: Any, keys: tuple[str, ...], 
     return cls(**{k: (getattr(default, k) if v is None else v) for k, v in values.items()})
 
 
+def _parse_tune(check: Checker, raw: Any) -> tuple[str, ...]:
+    """The recipe knobs listed under `tune:` (each once, in order)."""
+    if raw is None:
+        return ()
+    recipe = ", ".join(RECIPE_KNOBS)
+    if not isinstance(raw, list):
+        check.error("tune", raw, f"must be a list of recipe knobs ({recipe}), e.g. [train_batch_size]")
+        return ()
+    names = []
+    for i, name in enumerate(raw):
+        if name in RECIPE_KNOBS:
+            names.append(name)
+        elif name in SYSTEM_KNOBS:
+            check.error(
+                f"tune[{i}]",
+                name,
+                f"a system knob: the study searches it by its range under knobs; tune lists recipe knobs "
+                f"only ({recipe})",
+            )
+        else:
+            check.error(f"tune[{i}]", name, f"not a recipe knob: tune lists {recipe}")
+    return tuple(dict.fromkeys(names))
+
+
+def _check_recipe(check: Checker, knobs: dict[str, KnobSpec], tune: tuple[str, ...], raw: Any) -> None:
+    """A recipe knob is one value unless `tune` names it; a knob `tune` names has more than one."""
+    for name in RECIPE_KNOBS:
+        spec = knobs.get(name)
+        if spec is None:
+            continue  # missing or wrong: already reported
+        if spec.searched and name not in tune:
+            check.error(f"knobs.{name}", raw[name], _RECIPE_RULE.format(name=name))
+        elif name in tune and not spec.searched:
+            check.error(
+                "tune",
+                list(tune),
+                f"{name} is fixed ({show(spec.values()[0])}) under knobs: give it a range {{min, max}} or "
+                f"{{choices: [...]}} to search it, or drop it from tune",
+            )
+
+
 def _parse_knobs(check: Checker, data: Any, unit: int | None, cores: int) -> dict[str, KnobSpec]:
     if check.mapping("knobs", data) is None:
         return {}
-    check.unknown_keys("knobs", data, KNOBS)
+    check.unknown_keys("knobs", {k: v for k, v in data.items() if k != ACCUM}, KNOBS)
+    if ACCUM in data:
+        check.error(f"knobs.{ACCUM}", data[ACCUM], _NO_ACCUMULATION.format(product=", M = m·g·W"))
     knobs = {}
     for name in KNOBS:
         if name not in data and name not in OPTIONAL_KNOBS:
-            check.error(f"knobs.{name}", MISSING, "missing: a value (fixed), {min, max} or {choices: [...]}")
+            if not (name == MINI and ACCUM in data):  # said once, on the line above
+                check.error(
+                    f"knobs.{name}", MISSING, "missing: a value (fixed), {min, max} or {choices: [...]}"
+                )
             continue
         spec = _parse_knob(check, name, data.get(name, OPTIONAL_KNOBS.get(name)), unit, cores)
         if spec is not None:
@@ -626,7 +818,7 @@ def _parse_knob(check: Checker, name: str, raw: Any, unit: int | None, cores: in
         if batch:
             keys: tuple[str, ...] = ("min", "max")
             hint = " (batch knobs are powers of two so that every sample is valid: no choices, no step)"
-        elif name == CHECKPOINTING:
+        elif name in (*BOOL_KNOBS, SHARDING):
             keys, hint = ("choices",), ""
         else:
             keys, hint = ("min", "max", "step", "choices"), ""
@@ -636,10 +828,14 @@ def _parse_knob(check: Checker, name: str, raw: Any, unit: int | None, cores: in
             return None
         if "choices" in raw:
             return _parse_choices(check, name, raw["choices"], cores)
+        if name in (*BOOL_KNOBS, SHARDING):
+            if not raw:  # else its unknown keys are reported
+                check.error(path, raw, "give one value, or {choices: [...]}")
+            return None
         return _parse_range(check, name, raw, knob_unit, cores)
     # a scalar: the knob is fixed
-    if name == CHECKPOINTING:
-        return None if check.boolean(path, raw) is None else KnobSpec(name, FIXED, (raw,))
+    if name in (*BOOL_KNOBS, SHARDING):
+        return KnobSpec(name, FIXED, (raw,)) if _choice_ok(check, path, name, raw) else None
     if name == LOGPROB and raw is None:
         return KnobSpec(name, FIXED, (None,))
     if check.integer(path, raw, 1) is None:
@@ -659,6 +855,16 @@ def _parse_knob(check: Checker, name: str, raw: Any, unit: int | None, cores: in
     return dataclasses.replace(spec, low=exponent, high=exponent)
 
 
+def _choice_ok(check: Checker, path: str, name: str, value: Any) -> bool:
+    """One value of a knob that is not a number: a boolean, or a sharding."""
+    if name in BOOL_KNOBS:
+        return check.boolean(path, value) is not None
+    if name == SHARDING and value not in SHARDINGS:
+        check.error(path, value, f"must be one of {', '.join(SHARDINGS)} (how the training states are held)")
+        return False
+    return True
+
+
 def _parse_choices(check: Checker, name: str, raw: Any, cores: int) -> KnobSpec | None:
     path = f"knobs.{name}.choices"
     if not isinstance(raw, list) or not raw:
@@ -666,8 +872,8 @@ def _parse_choices(check: Checker, name: str, raw: Any, cores: int) -> KnobSpec 
         return None
     ok = True
     for i, value in enumerate(raw):
-        if name == CHECKPOINTING:
-            ok = check.boolean(f"{path}[{i}]", value) is not None and ok
+        if name in (*BOOL_KNOBS, SHARDING):
+            ok = _choice_ok(check, f"{path}[{i}]", name, value) and ok
         else:
             ok = check.integer(f"{path}[{i}]", value, 1) is not None and ok
     if not ok:
@@ -726,21 +932,28 @@ def _check_conflicts(check: Checker, space: SearchSpace) -> None:
     """Report, naming the knobs, when the batch ranges admit no valid configuration at all."""
     k = {name: space.knob(name) for name in EXPONENT_ORDER}
     v, w = _v2(space.rollout_n), space.gpus
-    t_max = k[TRAIN].value(k[TRAIN].high)
-    t_max_text = f"train_batch_size.max={t_max}"
-    if k[ROLLOUT].low > k[TRAIN].high:
+    t_high = k[TRAIN].high
+    t_max_text = f"train_batch_size.max={k[TRAIN].value(t_high)}"
+    if k[ROLLOUT].low > t_high:
         r_min = k[ROLLOUT].value(k[ROLLOUT].low)
         check.error("rollout_batch_size.min", r_min, f"exceeds {t_max_text}: T must be a multiple of R")
-    if k[MICRO].low + k[ACCUM].low > k[TRAIN].high + v:
-        m, g = 2 ** k[MICRO].low, 2 ** k[ACCUM].low
-        verb = "exceeds" if m * g * w > t_max else "divides no train_batch_size up to"
+    if k[MINI].low > t_high:
+        m_min = k[MINI].value(k[MINI].low)
         check.error(
-            "micro_batch_size.min×gradient_accumulation_steps.min×gpus",
-            f"{m}×{g}×{w}={m * g * w}",
-            f"{verb} {t_max_text}: every optimizer step needs whole micro-batches on every GPU",
+            "mini_batch_size.min", m_min, f"exceeds {t_max_text}: T must be a whole number of mini-batches"
         )
-    if k[LOGPROB].kind == POW2 and k[LOGPROB].low > k[TRAIN].high + v:
-        lm, share = 2 ** k[LOGPROB].low, t_max // w
+    elif k[MICRO].low > min(k[MINI].high, t_high) + v:
+        ceiling = min(k[MINI].high, t_high)
+        which = "mini_batch_size.max" if k[MINI].high <= t_high else "train_batch_size.max"
+        largest, m = k[MINI].value(ceiling), 2 ** k[MICRO].low
+        verb = "exceeds" if m * w > largest else "divides no mini_batch_size up to"
+        check.error(
+            "micro_batch_size.min×gpus",
+            f"{m}×{w}={m * w}",
+            f"{verb} {which}={largest}: every optimizer step needs whole micro-batches on every GPU",
+        )
+    if k[LOGPROB].kind == POW2 and k[LOGPROB].low > t_high + v:
+        lm, share = 2 ** k[LOGPROB].low, k[TRAIN].value(t_high) // w
         verb = "exceeds" if lm > share else "does not divide"
         check.error(
             "log_prob_micro_batch_size.min",
@@ -750,37 +963,89 @@ def _check_conflicts(check: Checker, space: SearchSpace) -> None:
         )
 
 
-def _parse_seeds(check: Checker, data: Any, space: SearchSpace | None) -> list[SeedConfig]:
+def _check_holding(check: Checker, space: SearchSpace) -> None:
+    """Offload is FSDP's: a knob that may offload needs a sharding choice, and one that always offloads
+    needs every sharding choice sharded (else a replicated sample would have no valid offload value)."""
+    shardings = space.knob(SHARDING).values()
+    for name in OFFLOAD_KNOBS:
+        values = space.knob(name).values()
+        if True not in values:
+            continue
+        if set(shardings) == {"replicate"}:
+            check.error(
+                f"knobs.{name}",
+                list(values) if len(values) > 1 else True,
+                "offload is FSDP's: it needs sharding full_shard or shard_grad_op",
+            )
+        elif False not in values and "replicate" in shardings:
+            check.error(
+                f"knobs.{name}",
+                True,
+                f"offload is FSDP's, but the sharding choices include replicate: drop replicate, or give "
+                f"{name}: {{choices: [false, true]}}",
+            )
+
+
+def _parse_seeds(
+    check: Checker, data: Any, space: SearchSpace | None, gpus: int | None
+) -> tuple[list[SeedConfig], list[tuple[str, str]]]:
+    """The seeds these GPUs can run, and (name, why) of those they cannot; mistakes are reported."""
     if data is None:
-        return []
+        return [], []
     if not isinstance(data, list):
         check.error("seed_configs", data, "must be a list of configurations")
-        return []
-    seeds = []
-    keys = ("name", *KNOBS)
+        return [], []
+    seeds, unfit = [], []
     for i, raw in enumerate(data):
         path = f"seed_configs[{i}]"
         if check.mapping(path, raw) is None:
             continue
-        check.unknown_keys(path, raw, keys, " (algorithm, rollout_n and LoRA come from the space)")
-        before = len(check.errors)
-        name = check.text(f"{path}.name", raw.get("name"), required=True)
-        values: dict[str, Any] = {}
-        for knob in KNOBS:
-            if knob not in raw and knob not in OPTIONAL_KNOBS:
+        values = _seed_values(check, path, raw, gpus)
+        if values is None or space is None:
+            continue
+        per_step = values[MICRO] * space.gpus
+        if values[MINI] % per_step:
+            why = (
+                f"mini_batch_size={values[MINI]} is not a whole number of micro-batches on every GPU "
+                f"(micro_batch_size×gpus={values[MICRO]}×{space.gpus}={per_step})"
+            )
+            unfit.append((str(raw["name"]), why))
+            continue
+        if values[LOGPROB] is None and space.knob(LOGPROB).kind == POW2:
+            values[LOGPROB] = values[MICRO]  # "same as micro", explicit as the space samples it
+        seeds.append(SeedConfig(str(raw["name"]), space.probe_config(values)))
+    return seeds, unfit
+
+
+def _seed_values(check: Checker, path: str, raw: dict, gpus: int | None) -> dict[str, Any] | None:
+    """A seed's knob values, checked; None when any is wrong (each reported)."""
+    shown = {k: v for k, v in raw.items() if k != ACCUM}
+    check.unknown_keys(path, shown, ("name", *KNOBS), " (algorithm, rollout_n and LoRA come from the space)")
+    before = len(check.errors)
+    check.text(f"{path}.name", raw.get("name"), required=True)
+    if ACCUM in raw:
+        check.error(f"{path}.{ACCUM}", raw[ACCUM], _NO_ACCUMULATION.format(product=_product(raw, gpus)))
+    values: dict[str, Any] = {}
+    for knob in KNOBS:
+        if knob not in raw and knob not in OPTIONAL_KNOBS:
+            if not (knob == MINI and ACCUM in raw):  # said once, on the line above
                 check.error(f"{path}.{knob}", MISSING, "missing: a seed config sets every knob")
-                continue
-            value = raw.get(knob, OPTIONAL_KNOBS.get(knob))
-            if knob == CHECKPOINTING:
-                check.boolean(f"{path}.{knob}", value)
-            elif not (knob == LOGPROB and value is None):
-                check.integer(f"{path}.{knob}", value, 1)
-            values[knob] = value
-        if len(check.errors) == before and space is not None:
-            if values[LOGPROB] is None and space.knob(LOGPROB).kind == POW2:
-                values[LOGPROB] = values[MICRO]  # "same as micro", explicit as the space samples it
-            seeds.append(SeedConfig(str(name), ProbeConfig(**values, **space.fixed_fields)))
-    return seeds
+            continue
+        value = raw.get(knob, OPTIONAL_KNOBS.get(knob))
+        if knob in (*BOOL_KNOBS, SHARDING):
+            _choice_ok(check, f"{path}.{knob}", knob, value)
+        elif not (knob == LOGPROB and value is None):
+            check.integer(f"{path}.{knob}", value, 1)
+        values[knob] = value
+    return values if len(check.errors) == before else None
+
+
+def _product(raw: dict, gpus: int | None) -> str:
+    """': micro×accumulation×gpus = 4×2×1 = 8' for the hint, where the seed and the space say so."""
+    m, g = raw.get(MICRO), raw.get(ACCUM)
+    if gpus is None or not (is_int(m) and is_int(g)):
+        return ", micro×accumulation×gpus"
+    return f": micro×accumulation×gpus = {m}×{g}×{gpus} = {m * g * gpus}"
 
 
 # ---------------------------------------------------------------------------------------------- helpers

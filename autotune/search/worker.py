@@ -59,7 +59,7 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     from autotune.probe.devices import device_label, resolve_device
     from autotune.search.loop import print_summary, probe_study
     from autotune.search.outage import PENDING_FILE
-    from autotune.search.prepare import machine_identity
+    from autotune.search.prepare import check_offload, machine_identity
     from autotune.search.slots import plan_slots
     from autotune.search.space import space_from_dict
     from autotune.search.study import check_study_name, finished_trials, memory_model_error, open_study
@@ -77,6 +77,7 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
             f"a worker must use the same, or its samples/sec would not compare (leave --gpus out)"
         )
     device = resolve_device(options.device, space.gpus)
+    check_offload(space, device)
     settings = worker_settings(plan, device, options.trust_remote_code)
     actor = resolve_model(space.model, settings.weights, options.trust_remote_code)
     reward = resolve_reward_model(space.reward_model)
