@@ -214,15 +214,22 @@ def test_bad_input_to_run_is_one_line_per_problem_and_exit_2(tmp_path):
 def test_ctrl_c_or_sigterm_finishes_the_running_probe_then_stops_with_the_report(tmp_path, signum, said):
     name = "interrupted"
     command = tuner_command(tmp_path, name, trials=5)
-    tuner = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert _wait_for(lambda: "RUNNING" in _states(tmp_path, name), 300)
-        tuner.send_signal(signum)
-        stdout, _ = tuner.communicate(timeout=300)
-    finally:
-        if tuner.poll() is None:
-            tuner.kill()
-    assert "finishing the running probe" in stdout and f"stopped by {said}" in stdout
+    out, err = tmp_path / "tuner.out", tmp_path / "tuner.err"  # files: a full pipe cannot block the tuner
+    with out.open("w") as stdout_file, err.open("w") as stderr_file:
+        tuner = subprocess.Popen(command, cwd=REPO, stdout=stdout_file, stderr=stderr_file, text=True)
+        try:
+            started = _wait_for(lambda: "RUNNING" in _states(tmp_path, name) or tuner.poll() is not None, 300)
+            assert started and tuner.poll() is None, (tuner.poll(), out.read_text(), err.read_text()[-3000:])
+            tuner.send_signal(signum)
+            tuner.wait(timeout=300)
+        finally:
+            if tuner.poll() is None:
+                tuner.kill()
+    stdout = out.read_text()
+    assert "finishing the running probe" in stdout and f"stopped by {said}" in stdout, (
+        stdout,
+        err.read_text(),
+    )
     states = _states(tmp_path, name)
     assert states == ["COMPLETE"]  # the running probe finished and was recorded; nothing else started
     assert (tmp_path / name / "report.md").is_file()
