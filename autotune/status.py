@@ -66,3 +66,4 @@ class StudyAttr:
     PLAN = "plan"  # the StudyPlan: what every run, worker and report of the study shares
     SEEDED = "seeded"  # the hand-made configs were enqueued once
     CONFIRMATIONS = "confirmations"  # `autotune report --confirm` results by trial number
+    REMEASURED = "remeasured"  # the contenders' re-probes before the report, by trial number (search.pick)

@@ -56,14 +56,17 @@ def twelve_trials(tmp_path_factory):
     return proc, out, time.monotonic() - started
 
 
-def test_twelve_trials_with_ok_and_pruned_statuses(twelve_trials):
+def test_twelve_trials_each_a_new_configuration_and_at_most_one_oom(twelve_trials):
     proc, out, seconds = twelve_trials
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     study = load(out, default_name(out))
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(complete) == 12
-    statuses = {t.user_attrs["status"] for t in complete}
-    assert "ok" in statuses and statuses & PRUNED, statuses
+    statuses = [t.user_attrs["status"] for t in complete]
+    assert "ok" in statuses and set(statuses) <= {"ok", *PRUNED}, statuses
+    assert statuses.count("oom") <= 1, statuses  # the sampler keeps probes within the memory model's budget
+    configs = [str(sorted(t.user_attrs["config"].items())) for t in complete]
+    assert len(set(configs)) == len(configs)  # the sampler never proposes a decided configuration again
     assert "best configuration" in proc.stdout and "memory model:" in proc.stdout
     print(f"12 trials in {seconds:.0f} s")  # the 10-minute bound is a benchmark figure, not a test
 
@@ -87,8 +90,13 @@ def test_run_writes_the_report_with_the_chosen_trials_figures(twelve_trials):
     assert all(key in best for key in seed_keys)
     knobs = {key: best[key] for key in seed_keys[:-1]}
     assert config_findings(ProbeConfig(**knobs), best["measured"]["gpus"]) == []
-    trial = load(out, default_name(out)).trials[best["measured"]["trial_number"]]
+    study = load(out, default_name(out))
+    trial = study.trials[best["measured"]["trial_number"]]
     assert trial.user_attrs["status"] == "ok"
+    remeasured = study.user_attrs.get("remeasured", {})
+    if remeasured:  # the leaders were probed again: the pick is one of them, and the report shows them
+        assert str(trial.number) in remeasured
+        assert "## Re-measured before the pick" in (folder / "report.md").read_text()
     assert best["measured"]["samples_per_sec"] == trial.values[0]
     assert best["measured"]["peak_memory_bytes"] == trial.values[1]
     assert {key: trial.user_attrs["config"][key] for key in knobs} == knobs

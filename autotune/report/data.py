@@ -23,9 +23,10 @@ from autotune.formats.verl import VerlOverrides, verl_overrides
 from autotune.memory.advice import remedies
 from autotune.models.names import verl_model_path
 from autotune.report.selection import Selection, select
+from autotune.search import pick
 from autotune.search.plan import StudyPlan
 from autotune.search.study import Budget, memory_model_error, trial_config, trial_status
-from autotune.status import LAUNCHED, Attr, Status
+from autotune.status import LAUNCHED, Attr, Status, StudyAttr
 from autotune.units import GIB, gib
 
 __all__ = [
@@ -66,6 +67,7 @@ class ReportData:
     engine: RolloutEngine | None  # verl's rollout settings for the chosen config (by rules, not measured)
     created: str
     advice: dict[int, list[str]] = field(default_factory=dict)  # closest trial number -> what to change
+    remeasured: list[tuple[FrozenTrial, pick.Figures]] = field(default_factory=list)  # before the pick
 
     @property
     def complete(self) -> list[FrozenTrial]:
@@ -109,7 +111,15 @@ def build_report(
         engine=engine,
         created=created,
         advice={t.number: advice(t, budget) for t in selection.closest},
+        remeasured=remeasured(study, trials),
     )
+
+
+def remeasured(study: optuna.Study, trials: list[FrozenTrial]) -> list[tuple[FrozenTrial, pick.Figures]]:
+    """The contenders measured again before the pick, with all their measurements, best mean first."""
+    numbers = set(study.user_attrs.get(StudyAttr.REMEASURED, {}))
+    found = [(t, pick.figures(study, t)) for t in trials if str(t.number) in numbers and t.values]
+    return sorted(found, key=lambda pair: -pair[1].mean)
 
 
 def engine_for(trial: FrozenTrial, config: Any, plan: StudyPlan, budget: Budget) -> RolloutEngine:

@@ -29,6 +29,8 @@ from autotune.report.tables import (
     model_error_line,
     predictions,
     recommendation_table,
+    remeasured_lead,
+    remeasured_table,
     verl_lines,
 )
 from autotune.search.study import trial_config, trial_status
@@ -367,6 +369,18 @@ def render_html(report: ReportData) -> str:
     )
     sections = [
         _section("recommendation", "Recommendation", _recommendation(report)),
+        *(
+            [
+                _section(
+                    "remeasured",
+                    "Re-measured before the pick",
+                    f"<p>{html.escape(remeasured_lead(report))}</p>"
+                    + html_table(remeasured_table(report), chosen_row),
+                )
+            ]
+            if report.remeasured
+            else []
+        ),
         _section(
             "pareto",
             "Pareto front",

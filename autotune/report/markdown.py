@@ -16,6 +16,8 @@ from autotune.report.tables import (
     memory_model_table,
     model_error_line,
     recommendation_table,
+    remeasured_lead,
+    remeasured_table,
     verl_lines,
 )
 
@@ -42,6 +44,9 @@ def render_markdown(report: ReportData) -> str:
         *(f"{line}  \n" for line in headline(report)),
     ]
     parts += ["\n## Recommendation\n\n", *_recommendation_md(report)]
+    if report.remeasured:
+        parts += ["\n## Re-measured before the pick\n\n", remeasured_lead(report), "\n\n"]
+        parts += [md_table(remeasured_table(report))]
     parts += [
         "\n## Pareto front (feasible trials: samples/s up, peak memory down)\n\n",
         md_table(front_table(report)),

@@ -1,4 +1,5 @@
-"""Which trial the report recommends: the Pareto-best, from Optuna's feasible Pareto front.
+"""Which trial the report recommends: the contender with the best mean when the leaders were re-measured
+(autotune.search.pick), else the Pareto-best, from Optuna's feasible Pareto front.
 
 `study.best_trials` keeps only feasible trials (every constraint <= 0). Among its ok trials within
 budget·(1 − headroom), the fastest wins; ties go to less memory, then to the original measurement over a
@@ -13,10 +14,11 @@ from dataclasses import dataclass, field
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.search import pick
 from autotune.search.study import Budget, trial_status
 from autotune.status import Attr, Status
 
-__all__ = ["Selection", "best_feasible", "closest_trials", "ok_front", "pareto_best", "select"]
+__all__ = ["Selection", "best_feasible", "closest_trials", "ok_front", "pareto_best", "recommended", "select"]
 
 CLOSEST = 3
 
@@ -52,8 +54,19 @@ def pareto_best(
 
 
 def best_feasible(study: optuna.Study, budget: Budget) -> FrozenTrial | None:
-    """The Pareto-best trial: the one the report recommends."""
-    return pareto_best(ok_front(study), budget)
+    """The trial the report recommends."""
+    return recommended(study, ok_front(study), budget)
+
+
+def recommended(
+    study: optuna.Study, front: list[FrozenTrial], budget: Budget, exclude: set[int] = frozenset()
+) -> FrozenTrial | None:
+    """The re-measured contender with the best mean, unless a confirmation rejected it; else the
+    Pareto-best."""
+    settled = pick.choose(study, budget)
+    if settled is not None and settled.number not in exclude:
+        return settled
+    return pareto_best(front, budget, exclude)
 
 
 def select(study: optuna.Study, budget: Budget, exclude: Iterable[int] = ()) -> Selection:
@@ -62,7 +75,7 @@ def select(study: optuna.Study, budget: Budget, exclude: Iterable[int] = ()) -> 
     `exclude`: trial numbers a confirmation probe rejected; their duplicates (same config) go with them.
     """
     front = ok_front(study)
-    chosen = pareto_best(front, budget, set(exclude))
+    chosen = recommended(study, front, budget, set(exclude))
     closest = [] if chosen else closest_trials(study, budget)
     return Selection(front, chosen, closest)
 

@@ -12,6 +12,7 @@ from optuna.trial import FrozenTrial
 from autotune.config.knobs import ProbeConfig
 from autotune.formats.rollout import RULES
 from autotune.models.names import verl_model_path
+from autotune.search import pick
 from autotune.search.study import describe_budget, trial_config, trial_status
 from autotune.status import Attr, Status
 from autotune.units import GIB
@@ -33,6 +34,8 @@ __all__ = [
     "model_error_line",
     "recipe_lines",
     "recommendation_table",
+    "remeasured_lead",
+    "remeasured_table",
     "seconds",
     "show",
     "verl_lines",
@@ -119,6 +122,41 @@ def recommendation_table(report: ReportData) -> Table:
         items = value.items() if isinstance(value, dict) else [(None, value)]
         rows += [[f"{key}.{sub}" if sub else key, show(v)] for sub, v in items]
     return ["key", "value"], rows
+
+
+def remeasured_table(report: ReportData) -> Table:
+    """Each contender re-measured before the pick: every samples/sec figure, their mean and spread."""
+    chosen = report.selection.chosen
+    headers = [
+        "trial",
+        "samples/s measured",
+        "mean",
+        "spread",
+        "highest peak GiB",
+        *(h for h, _ in KNOB_COLUMNS),
+    ]
+    rows = []
+    for trial, found in report.remeasured:
+        mark = " (chosen)" if chosen is not None and trial.number == chosen.number else ""
+        rows.append(
+            [
+                f"#{trial.number}{mark}",
+                ", ".join(f"{speed:.3f}" for speed in found.speeds),
+                f"{found.mean:.3f}",
+                f"{found.spread:.1%}",
+                gib(max(found.peaks)),
+                *knob_cells(trial),
+            ]
+        )
+    return headers, rows
+
+
+def remeasured_lead(report: ReportData) -> str:
+    return (
+        f"The configurations within {pick.NOISE:.0%} of the fastest measurement (a probe's samples/sec "
+        f"varies by about that much) were probed again, one after the other; the pick is the best mean "
+        f"whose every peak stayed within {gib(report.budget.limit)} GiB."
+    )
 
 
 def closest_table(report: ReportData) -> Table:

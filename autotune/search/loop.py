@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report.selection import best_feasible
+from autotune.search import pick
 from autotune.search.coordination import SWEEP_SECONDS, recover_stale_trials
 from autotune.search.slots import Slot, oversubscribed
 from autotune.search.study import finished_trials, status_counts, trial_status
@@ -25,6 +27,7 @@ from autotune.units import GIB
 
 __all__ = [
     "CRASH_STREAK_LIMIT",
+    "TRIALS_DONE",
     "SlotLoop",
     "StopControl",
     "keep_trying",
@@ -32,6 +35,7 @@ __all__ = [
     "probe_study",
     "progress_line",
     "replay_pending",
+    "settle_pick",
     "tune",
 ]
 
@@ -84,6 +88,7 @@ def progress_line(tuner: Tuner) -> str:
     return f"{shown} | {best_text}"
 
 
+TRIALS_DONE = "trial count reached"  # why a study stopped when it did all it was asked to
 CRASH_STREAK_LIMIT = 5  # probes in a row that crash: something is wrong with the setup, not the configs
 
 
@@ -141,7 +146,7 @@ class SlotLoop:
                     continue
                 study, retry = self.tuner.study, self.tuner.retry
                 if len(retry(functools.partial(finished_trials, study), "counting trials")) >= self.trials:
-                    self.halt("trial count reached")
+                    self.halt(TRIALS_DONE)
                     return
                 # The quota is taken by running trials (other slots' or workers'): wait; one may fail.
                 self.stop.wait(1.0)
@@ -192,7 +197,7 @@ def tune(
         raise loop.error
     if control.cancel.is_set():
         return "probe killed by a second Ctrl-C"
-    return loop.reason or "trial count reached"
+    return loop.reason or TRIALS_DONE
 
 
 def probe_study(
@@ -221,6 +226,49 @@ def probe_study(
         keep_trying(tuner, console)
     console.print(f"stopped: {reason} after {time.monotonic() - started:.0f} s")
     return reason
+
+
+def settle_pick(tuner: Tuner, settings: ProbeSettings, console: Console) -> int:
+    """Re-measure the configurations within the probe noise of the fastest before the report, alternately,
+    within a share of the study's probing time (autotune.search.pick); returns the re-probes run. Ctrl-C
+    stops it (twice: kills the running re-probe); a storage error ends it with what was kept."""
+    study = tuner.study
+    rivals = pick.contenders(study, tuner.budget)
+    if not rivals:
+        return 0
+    probed = sum(
+        float((t.user_attrs.get(Attr.RESULT) or {}).get("wall_seconds") or 0.0)
+        for t in finished_trials(study)
+    )
+    allowed = probed * pick.TIME_SHARE
+    numbers = ", ".join(f"#{t.number}" for t in rivals)
+    console.print(
+        f"re-measuring the {len(rivals)} configurations within {pick.NOISE:.0%} of the fastest ({numbers}), "
+        f"one after the other, for at most {allowed:.0f} s ({pick.TIME_SHARE:.0%} of the probing time): "
+        f"the pick goes by the mean"
+    )
+
+    def show(trial, result: ProbeResult) -> None:
+        console.print(
+            f"  #{trial.number} again: {result.status} {result.samples_per_sec:.2f} samples/s, "
+            f"{result.peak_memory_bytes / GIB:.3f} GiB"
+        )
+
+    with StopControl(console) as control:
+        try:
+            return pick.remeasure(
+                study,
+                rivals,
+                tuner.probe,
+                settings,
+                allowed,
+                control.cancel,
+                show,
+                lambda: control.stop_requested,
+            )
+        except Exception as exc:  # the storage went away: the pick goes by what was kept
+            console.print(f"[yellow]re-measuring stopped: {type(exc).__name__}: {exc}[/yellow]")
+            return 0
 
 
 def keep_trying(tuner: Tuner, console: Console, every: float = 5.0) -> None:

@@ -10,10 +10,11 @@ from rich.console import Console
 
 from autotune.files import hold_lock, make_folder
 from autotune.report.tables import recipe_lines
-from autotune.search.loop import print_summary, probe_study
+from autotune.search.loop import TRIALS_DONE, print_summary, probe_study, settle_pick
 from autotune.search.outage import PENDING_FILE
 from autotune.search.plan import StudyPlan, check_same_job
 from autotune.search.prepare import RunOptions, data_prompts_file, default_study_name, prepare
+from autotune.search.sampler import SystemSampler
 from autotune.search.slots import plan_slots
 from autotune.search.space import SearchSpace, misfits
 from autotune.search.storage import (
@@ -85,7 +86,10 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
             study, space, settings, job.budget, job.memory_model, storage_url=storage, pending_path=pending
         )
         tuner.guard = file_guard(storage)
-        probe_study(tuner, options.trials, options.time_budget_seconds, slots, console)
+        study.sampler = SystemSampler(space, job.memory_model, job.budget, seed=options.seed)
+        reason = probe_study(tuner, options.trials, options.time_budget_seconds, slots, console)
+        if reason == TRIALS_DONE:
+            settle_pick(tuner, slots[0].apply(settings), console)
         print_summary(tuner, console, *memory_model_error(study))
         return finish(tuner, plan, out_dir, console)
 

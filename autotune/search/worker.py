@@ -60,6 +60,7 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     from autotune.search.loop import print_summary, probe_study
     from autotune.search.outage import PENDING_FILE
     from autotune.search.prepare import check_offload, machine_identity
+    from autotune.search.sampler import SystemSampler
     from autotune.search.slots import plan_slots
     from autotune.search.space import space_from_dict
     from autotune.search.study import check_study_name, finished_trials, memory_model_error, open_study
@@ -89,6 +90,7 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     trials = options.trials or int(plan.trials or 0)
     pending = options.out / options.study / PENDING_FILE
     tuner = Tuner(study, space, settings, budget, model, storage_url=options.storage, pending_path=pending)
+    study.sampler = SystemSampler(space, model, budget)
     console.print(
         f"joining study [bold]{options.study}[/bold] in {redact(options.storage)}: "
         f"{len(finished_trials(study))} of {trials} trials complete; {space.model} on {space.gpus} "

@@ -1,0 +1,168 @@
+"""A pick that noise cannot fool: the leaders are measured again before the report, and the pick goes by the
+mean.
+
+A probe's samples/sec varies by a few percent from run to run (BENCHMARKS.md, "Search": the tables carry two
+measurements of every configuration), while the fastest configurations of a space often lie within a few
+percent of each other; the best single measurement is then partly a lucky draw. So, once the trials are
+done, the feasible configurations within `NOISE` of the leader (at most `MAX_CONTENDERS`, the leader
+included) are probed again, one after the other and round after round (so a slow stretch of the machine
+falls on all of them), while the re-probes cost at most `TIME_SHARE` of the time the study's probes took.
+Each measurement is kept in the study (`StudyAttr.REMEASURED`, by trial number); `choose` then takes the
+contender with the best mean samples/sec whose every peak stayed within the budget less the headroom.
+`autotune report --confirm` remains the longer check of the one winner.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autotune.config.knobs import ProbeConfig
+from autotune.probe.contract import ProbeResult, ProbeSettings
+from autotune.search.study import Budget, finished_trials, trial_config
+from autotune.status import Attr, Status, StudyAttr
+
+__all__ = [
+    "MAX_CONTENDERS",
+    "NOISE",
+    "ROUNDS",
+    "TIME_SHARE",
+    "Figures",
+    "choose",
+    "contenders",
+    "figures",
+    "remeasure",
+    "trial_config_of",
+]
+
+NOISE = 0.06  # samples/sec of two probes of one configuration differ by up to this (BENCHMARKS.md, "Search")
+MAX_CONTENDERS = 3
+ROUNDS = 2  # re-probes per contender, at most
+TIME_SHARE = 0.25  # of the study's probing time, at most
+
+
+def _ok_originals(study: optuna.Study, budget: Budget) -> list[FrozenTrial]:
+    """Measured ok within the limit, not a duplicate: fastest first."""
+    trials = [
+        t
+        for t in finished_trials(study)
+        if t.user_attrs.get(Attr.STATUS) == Status.OK
+        and Attr.DUPLICATE_OF not in t.user_attrs
+        and t.values[1] <= budget.limit
+    ]
+    return sorted(trials, key=lambda t: (-t.values[0], t.number))
+
+
+def contenders(study: optuna.Study, budget: Budget) -> list[FrozenTrial]:
+    """The leader and the feasible trials within NOISE of it (at most MAX_CONTENDERS); [] when the leader
+    has no rival."""
+    ranked = _ok_originals(study, budget)
+    if not ranked:
+        return []
+    floor = ranked[0].values[0] * (1 - NOISE)
+    close = [t for t in ranked if t.values[0] >= floor][:MAX_CONTENDERS]
+    return close if len(close) > 1 else []
+
+
+def remeasure(
+    study: optuna.Study,
+    rivals: list[FrozenTrial],
+    probe: Callable[..., ProbeResult],
+    settings: ProbeSettings | None,
+    seconds: float,
+    cancel: threading.Event | None = None,
+    on_result: Callable[[FrozenTrial, ProbeResult], None] = lambda trial, result: None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> int:
+    """Probe each contender again, round after round, within `seconds` (each re-probe's cost is taken as its
+    first probe's wall time); returns how many re-probes ran. `should_stop`: stop before the next re-probe;
+    `cancel` set: the running one was killed, and is not kept."""
+    kept: dict[str, list[dict[str, Any]]] = dict(study.user_attrs.get(StudyAttr.REMEASURED, {}))
+    spent, count = 0.0, 0
+    for _ in range(ROUNDS):
+        for trial in rivals:
+            cost = float((trial.user_attrs.get(Attr.RESULT) or {}).get("wall_seconds") or 0.0)
+            if spent + cost > seconds or should_stop() or (cancel is not None and cancel.is_set()):
+                return count
+            result = probe(trial_config(trial), settings, cancel=cancel)
+            if cancel is not None and cancel.is_set():
+                return count
+            spent += result.wall_seconds or cost
+            count += 1
+            kept.setdefault(str(trial.number), []).append(_kept(result))
+            study.set_user_attr(StudyAttr.REMEASURED, kept)
+            on_result(trial, result)
+    return count
+
+
+def _kept(result: ProbeResult) -> dict[str, Any]:
+    return {
+        "status": result.status,
+        "samples_per_sec": result.samples_per_sec,
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "wall_seconds": result.wall_seconds,
+    }
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A trial's samples/sec and peak over its first probe and its re-probes."""
+
+    speeds: list[float]
+    peaks: list[int]
+
+    @property
+    def mean(self) -> float:
+        return statistics.mean(self.speeds)
+
+    @property
+    def spread(self) -> float:
+        """Highest less lowest samples/sec, as a share of the mean (0 for one measurement)."""
+        return (max(self.speeds) - min(self.speeds)) / self.mean if self.mean else 0.0
+
+    @property
+    def count(self) -> int:
+        return len(self.speeds)
+
+
+def figures(study: optuna.Study, trial: FrozenTrial) -> Figures:
+    """The trial's first measurement and its re-measurements (an OOM or failed re-probe counts 0 samples/sec
+    at the budget)."""
+    speeds, peaks = [trial.values[0]], [int(trial.values[1])]
+    for again in study.user_attrs.get(StudyAttr.REMEASURED, {}).get(str(trial.number), []):
+        speeds.append(again["samples_per_sec"] if again["status"] == Status.OK else 0.0)
+        peaks.append(int(again["peak_memory_bytes"]))
+    return Figures(speeds, peaks)
+
+
+def choose(study: optuna.Study, budget: Budget) -> FrozenTrial | None:
+    """The re-measured contender with the best mean whose every peak stayed within the limit; None when no
+    trial was re-measured."""
+    remeasured = study.user_attrs.get(StudyAttr.REMEASURED, {})
+    if not remeasured:
+        return None
+    trials = {str(t.number): t for t in finished_trials(study)}
+    best: tuple[float, FrozenTrial] | None = None
+    for number in remeasured:
+        trial = trials.get(number)
+        if trial is None:
+            continue
+        found = figures(study, trial)
+        if max(found.peaks) > budget.limit or min(found.speeds) <= 0:
+            continue
+        if best is None or found.mean > best[0]:
+            best = (found.mean, trial)
+    return best[1] if best else None
+
+
+def trial_config_of(trial: FrozenTrial) -> ProbeConfig:
+    config = trial_config(trial)
+    if config is None:
+        raise ValueError(f"trial #{trial.number} carries no configuration")
+    return config

@@ -1,0 +1,158 @@
+"""The study's sampler: it proposes the configuration its own measurements say is fastest among those the
+memory model says fit.
+
+Every space is a finite set of valid configurations (`SearchSpace.grid`), so rather than drawing knob by knob
+the sampler looks at all of them: it drops what is decided (measured, sure to run out of memory: at least as
+large as a measured OOM), keeps what the memory model, calibrated on the study's ok probes, puts within the
+budget less its headroom, and takes the one with the best optimistic samples/sec from the phase-by-phase
+speed model (autotune.search.surrogate). Before any probe that is the largest batches that fit; each probe
+then sharpens both models. The objective is one: samples/sec under the memory constraint — the lower-memory
+end of the Pareto front, which a two-objective sampler spends probes on, is not what the report hands over.
+
+It is an Optuna sampler, so storage, resume, workers, the Optuna CLI and the dashboard work as with any:
+the chosen configuration is handed to `sample_config` parameter by parameter (`config_to_params`).
+Enqueued trials (the hand-made configs, retries) keep their own parameters. Configurations being probed by
+running trials (other threads or workers) are not proposed again.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config.knobs import ProbeConfig
+from autotune.memory.model import MemoryModel
+from autotune.search.policy import calibrated
+from autotune.search.space import SearchSpace, at_least_as_large, config_to_params
+from autotune.search.study import Budget, config_key, trial_config
+from autotune.search.surrogate import Observation, SpeedModel
+from autotune.status import Attr, Status
+
+__all__ = ["BOLDNESS", "MAX_CANDIDATES", "SystemSampler", "choose"]
+
+BOLDNESS = 1.0  # standard deviations of optimism in the speed model's ranking
+MAX_CANDIDATES = 20_000  # a larger space is searched through a random subset of this size
+
+
+class SystemSampler(optuna.samplers.BaseSampler):
+    """Proposes whole configurations of `space` (see the module's docstring)."""
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        prior: MemoryModel,
+        budget: Budget,
+        seed: int | None = None,
+        boldness: float = BOLDNESS,
+    ) -> None:
+        self.space, self.prior, self.budget, self.boldness = space, prior, budget, boldness
+        self._random = optuna.samplers.RandomSampler(seed=seed)
+        self._rng = random.Random(seed)
+        self._candidates: list[ProbeConfig] | None = None
+        self._targets: dict[int, ProbeConfig | None] = {}  # trial id -> the configuration chosen for it
+        self._lock = threading.Lock()
+
+    def reseed_rng(self) -> None:
+        self._random.reseed_rng()
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
+        return {}
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict) -> dict[str, Any]:
+        return {}
+
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
+        with self._lock:
+            if trial._trial_id not in self._targets:
+                self._targets[trial._trial_id] = self._choose(study)
+            target = self._targets[trial._trial_id]
+        params = config_to_params(self.space, target) if target is not None else None
+        value = (params or {}).get(param_name)
+        if value is not None and _fits(param_distribution, value):
+            return value
+        return self._random.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Any) -> None:
+        with self._lock:
+            self._targets.pop(trial._trial_id, None)
+
+    def candidates(self) -> list[ProbeConfig]:
+        if self._candidates is None:
+            if self.space.size() <= MAX_CANDIDATES:
+                self._candidates = self.space.grid()
+            else:
+                self._candidates = self._rng.sample(self.space.grid(), MAX_CANDIDATES)
+        return self._candidates
+
+    def _choose(self, study: optuna.Study) -> ProbeConfig | None:
+        trials = study.get_trials(deepcopy=False)
+        busy = {config_key(c) for c in self._targets.values() if c is not None}
+        busy |= {
+            config_key(config)
+            for t in trials
+            if t.state == TrialState.RUNNING and (config := trial_config(t)) is not None
+        }
+        complete = [t for t in trials if t.state == TrialState.COMPLETE]
+        return choose(self.candidates(), complete, self.prior, self.budget, busy, self.boldness)
+
+
+def choose(
+    candidates: Sequence[ProbeConfig],
+    trials: Sequence[FrozenTrial],
+    prior: MemoryModel,
+    budget: Budget,
+    busy: set[str] = frozenset(),
+    boldness: float = BOLDNESS,
+) -> ProbeConfig | None:
+    """The next configuration to probe given the study's complete `trials`; None when every candidate is
+    decided or busy."""
+    decided = {config_key(c) for t in trials if (c := trial_config(t)) is not None}
+    ooms = [c for t in trials if t.user_attrs.get(Attr.STATUS) == Status.OOM and (c := trial_config(t))]
+    pool = [
+        c
+        for c in candidates
+        if (key := config_key(c)) not in decided
+        and key not in busy
+        and not any(at_least_as_large(c, oom) for oom in ooms)
+    ]
+    if not pool:
+        return None
+    model, _ = calibrated(prior, trials)
+    peaks = np.array([model.predict(c) for c in pool], dtype=float)
+    fits = [c for c, peak in zip(pool, peaks, strict=True) if peak <= budget.limit]
+    if not fits:  # nothing is predicted to fit: the smallest is the best hope (and teaches the model most)
+        return pool[int(np.argmin(peaks))]
+    speed = SpeedModel(candidates, prior.world_size, observations(trials))
+    return fits[int(np.argmax(speed.optimistic_speed(fits, boldness)))]
+
+
+def observations(trials: Sequence[FrozenTrial]) -> list[Observation]:
+    """The study's ok probes with their phase times (a duplicate is its original's measurement again)."""
+    found = []
+    for t in trials:
+        attrs = t.user_attrs
+        config = trial_config(t)
+        if (
+            attrs.get(Attr.STATUS) == Status.OK
+            and Attr.DUPLICATE_OF not in attrs
+            and config
+            and Attr.RESULT in attrs
+        ):
+            found.append(Observation.of(config, attrs[Attr.RESULT]))
+    return found
+
+
+def _fits(distribution: BaseDistribution, value: Any) -> bool:
+    try:
+        return distribution._contains(distribution.to_internal_repr(value))
+    except (ValueError, TypeError):
+        return False
