@@ -2,8 +2,8 @@
 
 Each module is one benchmark, run as a module from the repository root, e.g.
 `.venv/bin/python -m bench.fidelity --help`; `common` holds what they share (a space's probe settings,
-budget and prior memory model, the committed grid table, the machine's record). Figures files live in
-`bench/results/`.
+budget and prior memory model, a table of probes by configuration, the machine's record). Figures files live
+in `bench/results/`.
 """
 
 __all__ = [
@@ -15,7 +15,7 @@ __all__ = [
     "memory_model",
     "memory_points",
     "probe_overhead",
-    "search_cost",
-    "search_efficiency",
+    "search_replay",
+    "search_tables",
     "soak",
 ]

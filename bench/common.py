@@ -1,5 +1,5 @@
-"""What the benchmarks share: a space's probe settings, budget and prior memory model, the committed grid
-table, and a record of the machine a figure was measured on.
+"""What the benchmarks share: a space's probe settings, budget and prior memory model, a table of probes by
+configuration, and a record of the machine a figure was measured on.
 
 Imported as `from bench import common` by the scripts of this package (run as `python -m bench.<name>` from
 the repository root). Cheap to import: the model registry (transformers) and Optuna load on first use.
@@ -92,8 +92,9 @@ def prior_memory_model(space: SearchSpace, device: str = "cpu") -> MemoryModel:
 
 
 def grid_table(path: Path) -> dict[str, dict[str, Any]]:
-    """bench/search_efficiency.py's grid table (JSON lines {"key", "result"}): ProbeResult dicts by config
-    key, in the file's order; {} where the file does not exist yet."""
+    """A table of probes (JSON lines with "key" and "result", as bench/search_tables.py writes): ProbeResult
+    dicts by config key, in the file's order (a key probed twice: its last probe); {} where the file does
+    not exist yet."""
     if not path.exists():
         return {}
     rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())

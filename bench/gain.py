@@ -32,7 +32,7 @@ Scaling rule (the same for all three; `scale_space`):
   says: §5.2's FSDP full shard or shard_grad_op, with offload or not) is carried over: the scaled budget
   less headroom is the largest of
     * the peak at that share of the scaled grid (the CPU memory model calibrated on
-      bench/results/cpu-tiny-grid.jsonl, shifted to the hand-made config's measured peak),
+      bench/results/table-ppo-1rank.jsonl, shifted to the hand-made config's measured peak),
     * the hand-made config's measured peak + 0.02 GiB (the RSS noise): the article ran these configs, so
       they are taken to fit even where the estimate of the original says otherwise (§5.1 and §5.2), and
     * `autotune run`'s own floor (its uncalibrated estimate of weights, optimizer state and runtime),
@@ -78,7 +78,7 @@ from autotune.status import Attr, Status
 from autotune.units import GIB
 from bench import common
 
-GRID_TABLE = common.RESULTS / "cpu-tiny-grid.jsonl"
+GRID_TABLE = common.RESULTS / "table-ppo-1rank.jsonl"  # tiny-llama on one CPU rank, every config probed
 FACTOR = 8  # batch sizes (per GPU) and lengths are divided by this
 RSS_NOISE_GIB = 0.02  # run-to-run spread of a CPU probe's peak RSS (search_spaces/cpu-tiny.yaml)
 DEVICE = "cpu"  # the scaling rule sizes everything for a CPU
@@ -184,7 +184,8 @@ def original_fraction(original: SearchSpace) -> tuple[float, float]:
 
 
 def cpu_memory_model(space: SearchSpace) -> MemoryModel:
-    """The CPU memory model for the scaled space, calibrated on the committed cpu-tiny grid's ok probes."""
+    """The CPU memory model for the scaled space, calibrated on the ok probes of the committed ppo-1rank
+    table (bench/search_tables.py: tiny-llama on one CPU rank, every configuration of its space)."""
     points = [
         (ProbeConfig(**result["config"]), result["peak_memory_bytes"])
         for result in common.grid_table(GRID_TABLE).values()

@@ -2,11 +2,12 @@
 
     .venv/bin/python -m bench.memory_model --from bench/results/fidelity.jsonl     # no probes: reuse peaks
     .venv/bin/python -m bench.memory_model [--space cpu-tiny] [--configs 12]        # probes each config once
-    .venv/bin/python -m bench.memory_model --from bench/results/cpu-tiny-grid.jsonl  # the whole grid
+    .venv/bin/python -m bench.memory_model --from bench/results/table-ppo-1rank.jsonl \
+        --space bench/spaces/ppo-1rank.yaml                                            # a whole table
 
 Peaks come from the short probes of `bench.fidelity` (the same configurations, the same probe `autotune
 run` launches; with `--from`, its first repeat of each), or from one short probe per configuration (saved to
-`--out`), or from bench.search_efficiency's grid table (every configuration of the space, probed once).
+`--out`), or from a table of bench.search_tables (every configuration of its space; the last probe of each).
 Prints, per configuration, the measured peak and the prediction from the priors alone and after calibrating
 on `--calibrate-on` probes (the first ones measured; for the grid, the first ones fidelity.py would pick),
 fitted from the priors with `MemoryModel.calibrate` as `Tuner.calibrate` does; then the median and worst
@@ -55,7 +56,7 @@ def probe_peaks(space: SearchSpace, count: int, seed: int, out: Path) -> list[di
 
 
 def grid_rows(path: Path, space: SearchSpace, first: int) -> list[dict[str, Any]]:
-    """search_efficiency.py's grid table (one probe of every configuration) as fidelity.py's probe lines,
+    """A bench.search_tables table (every configuration, the last probe of each) as fidelity.py's probe lines,
     ordered so that the `first` configurations fidelity.py would pick come first (the calibration points)."""
     picked = [fidelity.label(c, space) for c in fidelity.pick_configs(space, first)]
     rows = []

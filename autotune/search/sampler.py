@@ -2,11 +2,12 @@
 memory model says fit.
 
 Every space is a finite set of valid configurations (`SearchSpace.grid`), so rather than drawing knob by knob
-the sampler looks at all of them: it drops what is decided (measured, sure to run out of memory: at least as
-large as a measured OOM), keeps what the memory model, calibrated on the study's ok probes, puts within the
-budget less its headroom, and takes the one with the best optimistic samples/sec from the phase-by-phase
-speed model (autotune.search.surrogate). Before any probe that is the largest batches that fit; each probe
-then sharpens both models. The objective is one: samples/sec under the memory constraint — the lower-memory
+the sampler looks at all of them: it drops what is decided (measured, or at least as large as a probe that ran
+out of memory or passed the limit), keeps what the memory model, calibrated on the study's ok probes and
+shifted by the error it made on configurations held alike, puts within the budget less its headroom, and
+takes the one with the best optimistic samples/sec from the phase-by-phase speed model
+(autotune.search.surrogate). Before any probe that is the largest batches that fit; each probe then sharpens
+both models. The objective is one: samples/sec under the memory constraint — the lower-memory
 end of the Pareto front, which a two-objective sampler spends probes on, is not what the report hands over.
 
 It is an Optuna sampler, so storage, resume, workers, the Optuna CLI and the dashboard work as with any:
@@ -30,7 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import MemoryModel
 from autotune.search.policy import calibrated
-from autotune.search.space import SearchSpace, at_least_as_large, config_to_params
+from autotune.search.space import MEMORY_EQUAL_FIELDS, SearchSpace, at_least_as_large, config_to_params
 from autotune.search.study import Budget, config_key, trial_config
 from autotune.search.surrogate import Observation, SpeedModel
 from autotune.status import Attr, Status
@@ -116,23 +117,53 @@ def choose(
     """The next configuration to probe given the study's complete `trials`; None when every candidate is
     decided or busy."""
     decided = {config_key(c) for t in trials if (c := trial_config(t)) is not None}
-    ooms = [c for t in trials if t.user_attrs.get(Attr.STATUS) == Status.OOM and (c := trial_config(t))]
+    walls = [c for t in trials if _over_the_limit(t, budget) and (c := trial_config(t)) is not None]
     pool = [
         c
         for c in candidates
         if (key := config_key(c)) not in decided
         and key not in busy
-        and not any(at_least_as_large(c, oom) for oom in ooms)
+        and not any(at_least_as_large(c, wall) for wall in walls)
     ]
     if not pool:
         return None
-    model, _ = calibrated(prior, trials)
-    peaks = np.array([model.predict(c) for c in pool], dtype=float)
+    peaks = np.array(predicted_peaks(pool, trials, prior), dtype=float)
     fits = [c for c, peak in zip(pool, peaks, strict=True) if peak <= budget.limit]
     if not fits:  # nothing is predicted to fit: the smallest is the best hope (and teaches the model most)
         return pool[int(np.argmin(peaks))]
     speed = SpeedModel(candidates, prior.world_size, observations(trials))
     return fits[int(np.argmax(speed.optimistic_speed(fits, boldness)))]
+
+
+def _over_the_limit(trial: FrozenTrial, budget: Budget) -> bool:
+    """An OOM, or an ok probe whose peak passed the limit: anything at least as large is no better."""
+    status = trial.user_attrs.get(Attr.STATUS)
+    if status == Status.OOM:
+        return True
+    return (
+        status == Status.OK and Attr.DUPLICATE_OF not in trial.user_attrs and trial.values[1] > budget.limit
+    )
+
+
+def predicted_peaks(
+    configs: Sequence[ProbeConfig], trials: Sequence[FrozenTrial], prior: MemoryModel
+) -> list[float]:
+    """The calibrated memory model's peaks, each shifted by the mean error the study measured on
+    configurations held alike (same holding, algorithm, LoRA and KL: `MEMORY_EQUAL_FIELDS`). The calibration
+    fits one constant and one factor over every probe; a holding whose states the model gets slightly wrong
+    keeps its own offset, and near the limit that offset decides what fits."""
+    model, _ = calibrated(prior, trials)
+    errors: dict[tuple, list[float]] = {}
+    for t in trials:
+        config = trial_config(t)
+        if t.user_attrs.get(Attr.STATUS) == Status.OK and Attr.DUPLICATE_OF not in t.user_attrs and config:
+            errors.setdefault(_held_alike(config), []).append(t.values[1] - model.predict(config))
+    shifts = {kind: float(np.mean(found)) for kind, found in errors.items()}
+    return [model.predict(c) + shifts.get(_held_alike(c), 0.0) for c in configs]
+
+
+def _held_alike(config: ProbeConfig) -> tuple:
+    return tuple(getattr(config, name) for name in MEMORY_EQUAL_FIELDS)
 
 
 def observations(trials: Sequence[FrozenTrial]) -> list[Observation]:
