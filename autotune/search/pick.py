@@ -6,7 +6,8 @@ measurements of every configuration), while the fastest configurations of a spac
 percent of each other; the best single measurement is then partly a lucky draw. So, once the trials are
 done, the feasible configurations within `NOISE` of the leader (at most `MAX_CONTENDERS`, the leader
 included) are probed again, one after the other and round after round (so a slow stretch of the machine
-falls on all of them), while the re-probes cost at most `TIME_SHARE` of the time the study's probes took.
+falls on all of them), while the re-probes cost at most `TIME_SHARE` of the time the study's probes took —
+but the leader and its closest rival are re-probed once in any case, since a comparison needs both.
 Each measurement is kept in the study (`StudyAttr.REMEASURED`, by trial number); `choose` then takes the
 contender with the best mean samples/sec whose every peak stayed within the budget less the headroom.
 `autotune report --confirm` remains the longer check of the one winner.
@@ -81,14 +82,23 @@ def remeasure(
     should_stop: Callable[[], bool] = lambda: False,
 ) -> int:
     """Probe each contender again, round after round, within `seconds` (each re-probe's cost is taken as its
-    first probe's wall time); returns how many re-probes ran. `should_stop`: stop before the next re-probe;
+    first probe's wall time), the leader and its closest rival once whatever it costs (a comparison needs
+    both); returns how many re-probes ran. `should_stop`: stop before the next re-probe;
     `cancel` set: the running one was killed, and is not kept."""
     kept: dict[str, list[dict[str, Any]]] = dict(study.user_attrs.get(StudyAttr.REMEASURED, {}))
+    for trial in rivals:  # every contender is compared by its mean, re-probed or not
+        kept.setdefault(str(trial.number), [])
+    study.set_user_attr(StudyAttr.REMEASURED, kept)
     spent, count = 0.0, 0
-    for _ in range(ROUNDS):
-        for trial in rivals:
+    for round_number in range(ROUNDS):
+        for index, trial in enumerate(rivals):
             cost = float((trial.user_attrs.get(Attr.RESULT) or {}).get("wall_seconds") or 0.0)
-            if spent + cost > seconds or should_stop() or (cancel is not None and cancel.is_set()):
+            leaders = round_number == 0 and index < 2  # the leader and its closest rival: always once
+            if (
+                (spent + cost > seconds and not leaders)
+                or should_stop()
+                or (cancel is not None and cancel.is_set())
+            ):
                 return count
             result = probe(trial_config(trial), settings, cancel=cancel)
             if cancel is not None and cancel.is_set():
@@ -142,8 +152,8 @@ def figures(study: optuna.Study, trial: FrozenTrial) -> Figures:
 
 
 def choose(study: optuna.Study, budget: Budget) -> FrozenTrial | None:
-    """The re-measured contender with the best mean whose every peak stayed within the limit; None when no
-    trial was re-measured."""
+    """The contender (re-probed or not) with the best mean whose every peak stayed within the limit; None
+    when no trial was a contender."""
     remeasured = study.user_attrs.get(StudyAttr.REMEASURED, {})
     if not remeasured:
         return None
