@@ -159,7 +159,7 @@ def best_config_yaml(report: ReportData) -> str:
     assert data is not None, "no recommendation to write"
     reward = "" if plan.reward_model != "function" else "# reward: a rule-based function (no reward model)\n"
     header = (
-        f"# autotune: the Pareto-best configuration of study {report.study_name} (trial "
+        f"# autotune: the recommended configuration of study {report.study_name} (trial "
         f"#{data['measured']['trial_number']}), measured by a real {data['algorithm'].upper()} "
         f"iteration.\n# Sizes count samples (responses) over all {plan.gpus} GPU(s); micro sizes are per "
         f"GPU. verl_overrides.txt has the same config in verl's keys.\n{reward}"

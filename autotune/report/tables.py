@@ -35,6 +35,7 @@ __all__ = [
     "recipe_lines",
     "recommendation_table",
     "remeasured_lead",
+    "remeasured_line",
     "remeasured_table",
     "seconds",
     "show",
@@ -149,6 +150,15 @@ def remeasured_table(report: ReportData) -> Table:
             ]
         )
     return headers, rows
+
+
+def remeasured_line(report: ReportData) -> str:
+    """One line: the contenders' mean samples/sec and how many probes each mean holds."""
+    means = ", ".join(
+        f"#{trial.number} {found.mean:.3f} ({found.count} probe{'s' if found.count > 1 else ''})"
+        for trial, found in report.remeasured
+    )
+    return f"picked by the mean samples/s of the contenders within {pick.NOISE:.0%} of the fastest: {means}"
 
 
 def remeasured_lead(report: ReportData) -> str:

@@ -31,7 +31,7 @@ from autotune.files import make_folder, write_whole
 from autotune.formats.verl import format_overrides
 from autotune.report.data import ReportData, best_config_yaml, build_report
 from autotune.report.markdown import render_markdown
-from autotune.report.tables import launch_line, recipe_lines
+from autotune.report.tables import launch_line, recipe_lines, remeasured_line
 from autotune.search.plan import StudyPlan
 from autotune.search.study import Budget, trial_status
 from autotune.status import Attr
@@ -140,9 +140,11 @@ def summary_lines(report: ReportData, out_dir: Path) -> list[str]:
             lines += [f"  - {tip}" for tip in report.advice.get(trial.number, [])[1:4]]
     else:
         lines = [
-            f"Pareto-best: trial #{chosen.number}, {chosen.values[0]:.3f} samples/s at "
+            f"recommended: trial #{chosen.number}, {chosen.values[0]:.3f} samples/s at "
             f"{gib(chosen.values[1])} GiB (feasible <= {gib(budget.limit)} GiB)"
         ]
+        if report.remeasured:
+            lines += [f"  {remeasured_line(report)}"]
         lines += [f"{g.ratio:.2f}x the hand-made config '{g.name}'" for g in report.gains if g.ratio]
         lines += [
             "start verl on it (replace the /path/to/ parts):",
