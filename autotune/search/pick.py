@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.config.knobs import ProbeConfig
 from autotune.probe.contract import ProbeResult, ProbeSettings
-from autotune.search.study import Budget, finished_trials, trial_config
+from autotune.search.study import Budget, finished_trials, measured_ok, trial_config
 from autotune.status import Attr, Status, StudyAttr
 
 __all__ = [
@@ -50,13 +50,7 @@ TIME_SHARE = 0.25  # of the study's probing time, at most
 
 def _ok_originals(study: optuna.Study, budget: Budget) -> list[FrozenTrial]:
     """Measured ok within the limit, not a duplicate: fastest first."""
-    trials = [
-        t
-        for t in finished_trials(study)
-        if t.user_attrs.get(Attr.STATUS) == Status.OK
-        and Attr.DUPLICATE_OF not in t.user_attrs
-        and t.values[1] <= budget.limit
-    ]
+    trials = [t for t in finished_trials(study) if measured_ok(t) and t.values[1] <= budget.limit]
     return sorted(trials, key=lambda t: (-t.values[0], t.number))
 
 

@@ -21,7 +21,7 @@ from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import MemoryModel
 from autotune.search.outcome import Outcome
 from autotune.search.space import at_least_as_large
-from autotune.search.study import Budget, trial_config
+from autotune.search.study import Budget, measured_ok, trial_config
 from autotune.status import MEASURED, Attr, Status
 
 __all__ = [
@@ -93,11 +93,7 @@ def previous_measurement(config: ProbeConfig, trials: list[FrozenTrial]) -> Froz
 
 def calibrated(prior: MemoryModel, trials: list[FrozenTrial]) -> tuple[MemoryModel, int]:
     """The memory model refitted from the priors on every ok probe among `trials`, and how many there were."""
-    points = [
-        (trial_config(t), t.user_attrs[Attr.PEAK_BYTES])
-        for t in trials
-        if t.user_attrs.get(Attr.STATUS) == Status.OK and Attr.DUPLICATE_OF not in t.user_attrs
-    ]
+    points = [(trial_config(t), t.user_attrs[Attr.PEAK_BYTES]) for t in trials if measured_ok(t)]
     return MemoryModel(prior.arch, prior.world_size, prior.device).calibrate(points), len(points)
 
 

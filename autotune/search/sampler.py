@@ -32,7 +32,7 @@ from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import MemoryModel
 from autotune.search.policy import calibrated
 from autotune.search.space import MEMORY_EQUAL_FIELDS, SearchSpace, at_least_as_large, config_to_params
-from autotune.search.study import Budget, config_key, trial_config
+from autotune.search.study import Budget, config_key, measured_ok, trial_config
 from autotune.search.surrogate import Observation, SpeedModel
 from autotune.status import Attr, Status
 
@@ -137,12 +137,9 @@ def choose(
 
 def _over_the_limit(trial: FrozenTrial, budget: Budget) -> bool:
     """An OOM, or an ok probe whose peak passed the limit: anything at least as large is no better."""
-    status = trial.user_attrs.get(Attr.STATUS)
-    if status == Status.OOM:
+    if trial.user_attrs.get(Attr.STATUS) == Status.OOM:
         return True
-    return (
-        status == Status.OK and Attr.DUPLICATE_OF not in trial.user_attrs and trial.values[1] > budget.limit
-    )
+    return measured_ok(trial) and trial.values[1] > budget.limit
 
 
 def predicted_peaks(
@@ -156,7 +153,7 @@ def predicted_peaks(
     errors: dict[tuple, list[float]] = {}
     for t in trials:
         config = trial_config(t)
-        if t.user_attrs.get(Attr.STATUS) == Status.OK and Attr.DUPLICATE_OF not in t.user_attrs and config:
+        if measured_ok(t) and config:
             errors.setdefault(_held_alike(config), []).append(t.values[1] - model.predict(config))
     shifts = {kind: float(np.mean(found)) for kind, found in errors.items()}
     return [model.predict(c) + shifts.get(_held_alike(c), 0.0) for c in configs]
@@ -172,12 +169,7 @@ def observations(trials: Sequence[FrozenTrial]) -> list[Observation]:
     for t in trials:
         attrs = t.user_attrs
         config = trial_config(t)
-        if (
-            attrs.get(Attr.STATUS) == Status.OK
-            and Attr.DUPLICATE_OF not in attrs
-            and config
-            and Attr.RESULT in attrs
-        ):
+        if measured_ok(t) and config and Attr.RESULT in attrs:
             found.append(Observation.of(config, attrs[Attr.RESULT]))
     return found
 

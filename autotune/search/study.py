@@ -33,6 +33,7 @@ __all__ = [
     "enqueue_seed_configs",
     "finished_trials",
     "make_sampler",
+    "measured_ok",
     "memory_model_error",
     "open_study",
     "status_counts",
@@ -162,16 +163,21 @@ def status_counts(study: optuna.Study) -> dict[str, int]:
     return counts
 
 
+def measured_ok(trial: FrozenTrial) -> bool:
+    """An ok probe of the trial's own: not a duplicate repeating another trial's measurement."""
+    attrs = trial.user_attrs
+    return attrs.get(Attr.STATUS) == Status.OK and Attr.DUPLICATE_OF not in attrs
+
+
 def memory_model_error(study: optuna.Study, min_points: int = 1) -> tuple[float | None, int]:
     """Median relative error of predictions made *before* each probe, once calibrated on ≥ min_points."""
     errors = []
     for trial in finished_trials(study):
         attrs = trial.user_attrs
         if (
-            attrs.get(Attr.STATUS) == Status.OK
+            measured_ok(trial)
             and attrs.get(Attr.CALIBRATION_POINTS, 0) >= min_points
             and attrs.get(Attr.PREDICTED_PEAK_BYTES)
-            and Attr.DUPLICATE_OF not in attrs
         ):
             predicted, measured = attrs[Attr.PREDICTED_PEAK_BYTES], attrs[Attr.PEAK_BYTES]
             errors.append(abs(predicted - measured) / measured)
