@@ -57,7 +57,8 @@ class SystemSampler(optuna.samplers.BaseSampler):
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._rng = random.Random(seed)
         self._candidates: list[ProbeConfig] | None = None
-        self._targets: dict[int, ProbeConfig | None] = {}  # trial id -> the configuration chosen for it
+        # trial id -> the configuration chosen for it and its Optuna parameters (None: nothing left to choose)
+        self._targets: dict[int, tuple[ProbeConfig, dict[str, Any]] | None] = {}
         self._lock = threading.Lock()
 
     def reseed_rng(self) -> None:
@@ -74,10 +75,11 @@ class SystemSampler(optuna.samplers.BaseSampler):
     ) -> Any:
         with self._lock:
             if trial._trial_id not in self._targets:
-                self._targets[trial._trial_id] = self._choose(study)
+                chosen = self._choose(study)
+                params = config_to_params(self.space, chosen) if chosen is not None else None
+                self._targets[trial._trial_id] = (chosen, params) if params is not None else None
             target = self._targets[trial._trial_id]
-        params = config_to_params(self.space, target) if target is not None else None
-        value = (params or {}).get(param_name)
+        value = target[1].get(param_name) if target is not None else None
         if value is not None and _fits(param_distribution, value):
             return value
         return self._random.sample_independent(study, trial, param_name, param_distribution)
@@ -96,7 +98,7 @@ class SystemSampler(optuna.samplers.BaseSampler):
 
     def _choose(self, study: optuna.Study) -> ProbeConfig | None:
         trials = study.get_trials(deepcopy=False)
-        busy = {config_key(c) for c in self._targets.values() if c is not None}
+        busy = {config_key(target[0]) for target in self._targets.values() if target is not None}
         busy |= {
             config_key(config)
             for t in trials
