@@ -244,3 +244,59 @@ def test_missing_key_through_the_real_cli(tmp_path, cli):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "no prompt column found" in proc.stderr and "the data has: text, label" in proc.stderr
+
+
+# --- which tokenizer and template made the counts ---------------------------------------------------------
+
+CHAT = [
+    {
+        "messages": [
+            {"role": "user", "content": "What is two plus two?"},
+            {"role": "assistant", "content": "4"},
+        ]
+    },
+    {"messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}]},
+]
+
+
+def test_registry_names_say_the_counts_come_from_a_stand_in(tmp_path, capsys):
+    """Every registry name is counted with the project's BPE and generic ChatML template: the same counts for
+    llama-2-7b and qwen2.5-7b, and the output says so instead of naming the model's tokenizer or template."""
+    path = tmp_path / "chat.jsonl"
+    _write_jsonl(path, CHAT)
+    reports = {}
+    for model in ("llama-2-7b", "qwen2.5-7b"):
+        assert main(["lengths", str(path), "--model", model, "--json"]) == 0
+        reports[model] = json.loads(capsys.readouterr().out)
+    llama = reports["llama-2-7b"]
+    assert llama["prompts"] == reports["qwen2.5-7b"]["prompts"]  # alike: that is why it must be said
+    assert not llama["exact_tokenizer"] and "stand-in" in llama["tokenizer"]
+    assert "not llama-2-7b's tokenizer" in llama["tokenizer"]
+    assert llama["chat_template"] and "generic ChatML" in llama["chat_template_source"]
+    assert "not llama-2-7b's own chat template" in llama["chat_template_source"]
+    assert main(["lengths", str(path), "--model", "llama-2-7b"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps the title
+    assert "approximate" in out and "not llama-2-7b's tokenizer" in out
+    assert "2 chat records rendered with a generic ChatML template" in out
+    assert "the tokenizer's chat template" not in out
+
+
+def test_a_local_tokenizer_without_a_template_renders_plain_text(tmp_path, capsys):
+    from transformers import LlamaConfig
+
+    from tests.test_tokenizer import save_word_level_tokenizer
+
+    model = tmp_path / "model"
+    LlamaConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2).save_pretrained(
+        model
+    )
+    save_word_level_tokenizer(model, pad=True)
+    path = tmp_path / "chat.jsonl"
+    _write_jsonl(path, CHAT)
+    assert main(["lengths", str(path), "--model", str(model), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["exact_tokenizer"] and report["tokenizer"] == str(model.resolve())
+    assert not report["chat_template"] and report["chat_template_source"] is None
+    assert main(["lengths", str(path), "--model", str(model)]) == 0
+    out = capsys.readouterr().out
+    assert "plain text (no chat template)" in out and "approximate" not in out

@@ -11,9 +11,10 @@ What is counted, so that a limit of that many tokens truncates nothing more than
 A chat column whose records end with an assistant message, with no separate response column, is split: the
 last assistant message is the response, the messages before it the prompt.
 
-Registry names (`llama-2-7b`, ...) are counted with the project's offline tokenizer, an approximation of the
-real one (see `autotune.models.tokenizer`); a local model directory is counted with its own tokenizer,
-exactly.
+Registry names (`llama-2-7b`, ...) are counted with the project's offline tokenizer and its generic ChatML
+template, stand-ins for the real ones (see `autotune.models.tokenizer`): every registry name gets the same
+counts, and the report says so rather than naming the model's tokenizer or template. A local model directory
+is counted with its own tokenizer and chat template, exactly.
 """
 
 from __future__ import annotations
@@ -312,13 +313,14 @@ class LengthReport:
     response_key: str | None  # None: no responses, or taken from the chat records
     records: int
     chat_records: int
-    chat_template: bool
+    chat_template: bool  # chat prompts were rendered by a chat template (see chat_template_source)
     percentiles: tuple[float, ...]
     prompts: np.ndarray
     responses: np.ndarray
     prompt_texts: list[str] = field(
         default_factory=list
     )  # as tokenized: for the probe's prompts (run --data)
+    chat_template_source: str | None = None  # whose template rendered the chat prompts; None: no template
 
     @property
     def suggested_prompt_length(self) -> int:
@@ -340,6 +342,7 @@ class LengthReport:
             "records": self.records,
             "chat_records": self.chat_records,
             "chat_template": self.chat_template,
+            "chat_template_source": self.chat_template_source if self.chat_template else None,
             "prompts": length_stats(self.prompts, self.percentiles),
             "responses": length_stats(self.responses, self.percentiles) if self.responses.size else None,
             "suggested": {
@@ -368,7 +371,7 @@ def measure_lengths(
     from autotune.models.registry import (
         resolve_model,  # torch and transformers: only once the data is readable
     )
-    from autotune.models.tokenizer import load_tokenizer
+    from autotune.models.tokenizer import load_tokenizer, stand_in_template, stand_in_tokenizer
 
     spec = resolve_model(model)
     tokenizer = load_tokenizer(spec)
@@ -377,10 +380,12 @@ def measure_lengths(
     if not prompts.size:
         raise UserError(f"data file '{path}': every record's {prompt!r} is empty")
     exact = spec.tokenizer_path is not None
+    # A registry name has no tokenizer of its own: say whose tokenizer and template made the counts.
     return LengthReport(
         path=str(path),
         model=spec.name,
-        tokenizer=str(spec.tokenizer_path) if exact else "autotune's offline BPE (approximate counts)",
+        tokenizer=str(spec.tokenizer_path) if exact else stand_in_tokenizer(spec.name, len(tokenizer)),
+        chat_template_source=f"{spec.name}'s own chat template" if exact else stand_in_template(spec.name),
         exact=exact,
         prompt_key=prompt,
         response_key=response,
@@ -401,7 +406,8 @@ def print_report(report: LengthReport) -> None:
 
     console = Console()
     data = report.to_dict()
-    table = Table(title=f"token lengths: {report.path} ({report.model})")
+    how = "" if report.exact else ", approximate: a stand-in tokenizer"
+    table = Table(title=f"token lengths: {report.path} ({report.model}{how})")
     table.add_column("", style="bold")
     table.add_column("count", justify="right")
     for p in report.percentiles:
@@ -420,7 +426,13 @@ def print_report(report: LengthReport) -> None:
 def _summary_lines(report: LengthReport, data: dict[str, Any]) -> list[str]:
     suggested, truncated = data["suggested"], data["truncated"]
     p95 = float(np.percentile(report.prompts, PROMPT_PERCENTILE))
-    lines = [
+    lines = []
+    if not report.exact:  # first: it qualifies every figure below
+        lines.append(
+            f"counts are {report.tokenizer}; for exact counts point --model at a local directory with "
+            f"{report.model}'s tokenizer files"
+        )
+    lines += [
         f"max_prompt_length: {suggested['max_prompt_length']}  (p95 {p95:.1f} rounded up to a multiple of "
         f"{MULTIPLE}; truncates {truncated['prompts']:.1%} of prompts)"
     ]
@@ -433,10 +445,10 @@ def _summary_lines(report: LengthReport, data: dict[str, Any]) -> list[str]:
     else:
         lines.append("max_response_length: no responses in the data (pass --response-key if it has them)")
     if report.chat_records:
-        how = "the tokenizer's chat template" if report.chat_template else "plain text (no chat template)"
-        lines.append(f"{report.chat_records} chat records rendered with {how}")
-    if not report.exact:
-        lines.append(
-            f"counts use {report.tokenizer}: point --model at a local model directory for exact counts"
+        how = (
+            report.chat_template_source or "a chat template"
+            if report.chat_template
+            else "plain text (no chat template)"
         )
+        lines.append(f"{report.chat_records} chat records rendered with {how}")
     return lines

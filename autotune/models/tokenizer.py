@@ -30,7 +30,14 @@ if TYPE_CHECKING:
 
     from autotune.models.registry import ModelSpec
 
-__all__ = ["load_local_tokenizer", "load_project_tokenizer", "load_tokenizer", "project_tokenizer_info"]
+__all__ = [
+    "load_local_tokenizer",
+    "load_project_tokenizer",
+    "load_tokenizer",
+    "project_tokenizer_info",
+    "stand_in_template",
+    "stand_in_tokenizer",
+]
 
 TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer_files"
 PROJECT_TOKENIZER_FILE = TOKENIZER_DIR / "autotune-bpe.json"
@@ -111,3 +118,17 @@ def project_tokenizer_info() -> dict[str, Any]:
     """Where the project tokenizer comes from (corpus, vocabulary), from the meta file written with it."""
     with open(PROJECT_TOKENIZER_META, encoding="utf-8") as f:
         return json.load(f)
+
+
+def stand_in_tokenizer(model: str, vocab_size: int) -> str:
+    """What counts made with the project tokenizer for a registry `model` are, said plainly: the same for
+    every registry name, and not the model's own tokenizer's."""
+    return (
+        f"approximate: autotune's byte-level BPE stand-in ({vocab_size:,} tokens), not {model}'s tokenizer "
+        f"(a registry name ships no tokenizer and nothing is downloaded), so every registry name counts alike"
+    )
+
+
+def stand_in_template(model: str) -> str:
+    """The chat template the project tokenizer applies: generic ChatML, not the registry model's own."""
+    return f"a generic ChatML template (a stand-in, not {model}'s own chat template)"
