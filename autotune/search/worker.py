@@ -15,9 +15,9 @@ from rich.console import Console
 from autotune.errors import UserError
 from autotune.probe.contract import ProbeSettings
 from autotune.search.plan import StudyPlan, check_same_job
-from autotune.search.storage import check_parallel_safe, redact
+from autotune.search.storage import check_parallel_safe, is_sqlite, redact
 
-__all__ = ["WorkerOptions", "run_worker", "stored_plan", "worker_settings"]
+__all__ = ["WorkerOptions", "check_shared_storage", "run_worker", "stored_plan", "worker_settings"]
 
 
 @dataclass
@@ -31,6 +31,19 @@ class WorkerOptions:
     time_budget_seconds: float | None = None
     out: Path = Path("reports")
     trust_remote_code: bool = False
+
+
+def check_shared_storage(storage: str, study: str) -> None:
+    """A worker always writes beside `autotune run` or another worker, and SQLite locks the whole file per
+    write ('database is locked'): say which storage to start the study on instead. (The run's own message,
+    "leave --storage out", does not apply: a worker has no default storage to fall back to.)"""
+    if is_sqlite(storage):
+        raise UserError(
+            f"--storage {redact(storage)}: a worker writes to the study beside `autotune run` and other "
+            f"workers, and SQLite is not safe for concurrent writers: start the study on a shared storage, "
+            f"`autotune run --study {study} --storage journal:PATH` (workers on the same node) or with a "
+            f"PostgreSQL URL (workers on other machines), and pass each worker the same --storage"
+        )
 
 
 def stored_plan(study, name: str, storage: str) -> StudyPlan:
@@ -68,6 +81,7 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
 
     console = console or Console()
     check_study_name(options.study)
+    check_shared_storage(options.storage, options.study)
     check_parallel_safe(options.storage, writers=2)  # a worker always shares the study with another
     study = open_study(options.storage, options.study, seed=None, create=False)  # seeds differ per worker
     plan = stored_plan(study, options.study, options.storage)
