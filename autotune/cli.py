@@ -22,6 +22,7 @@ __all__ = [
     "add_check_parser",
     "add_device_arguments",
     "add_lengths_parser",
+    "add_listing_parsers",
     "add_model_arguments",
     "add_parallel_argument",
     "add_worker_parser",
@@ -102,7 +103,13 @@ def add_device_arguments(parser: argparse.ArgumentParser, override: bool = False
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="autotune", description="Find fast, memory-safe batch settings for verl PPO/GRPO.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(
+        dest="command",
+        required=True,
+        parser_class=_Parser,
+        metavar="COMMAND",
+        help="one of the commands below; `autotune COMMAND --help` lists its options",
+    )
 
     probe = sub.add_parser(
         "probe",
@@ -151,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--space",
         default="default",
-        help="a shipped space name (see search_spaces/) or a YAML file (default: default)",
+        help="a shipped space's name (see `autotune spaces`) or a YAML file (default: default)",
     )
     add_model_arguments(run, override=True)
     add_device_arguments(run, override=True)
@@ -220,6 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="vllm",
         help="verl's rollout engine the export names (actor_rollout_ref.rollout.name; default vllm)",
     )
+    run.add_argument(
+        "--json",
+        action="store_true",
+        dest="json",
+        help="print the run's summary (the pick, its figures, the gain, the files, the verl launch line; as "
+        "<out>/<study>/summary.json) as JSON on stdout; progress goes to stderr",
+    )
     run.set_defaults(handler=_cmd_run)
 
     report = sub.add_parser(
@@ -243,18 +257,53 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="re-probe the winner with more iterations first; if it fails, take the next one",
     )
-    report.add_argument("--confirm-iterations", type=COUNT, default=6)
-    report.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    report.add_argument(
+        "--confirm-iterations",
+        type=COUNT,
+        default=6,
+        metavar="K",
+        help="measured iterations of each --confirm re-probe (default 6)",
+    )
+    report.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where --confirm re-probes: auto (default) is cuda when a GPU is visible, else cpu",
+    )
     report.set_defaults(handler=_cmd_report)
 
     add_worker_parser(sub)
     add_lengths_parser(sub)
     add_check_parser(sub)
 
-    models = sub.add_parser("models", help="list the registry's model names with parameter counts")
-    models.add_argument("--json", action="store_true")
-    models.set_defaults(handler=_cmd_models)
+    add_listing_parsers(sub)
     return parser
+
+
+def add_listing_parsers(sub: argparse._SubParsersAction) -> None:
+    """`models` and `spaces`: what `--model` and `--space` accept."""
+    models = sub.add_parser(
+        "models",
+        help="list the registry's model names with parameter counts",
+        description="List the model names --model and --reward-model accept (besides a local Hugging Face "
+        "model directory): role, architecture, parameters, layers, hidden size and vocabulary. On a "
+        "terminal a table; in a pipe plain columns, one model a line.",
+    )
+    models.add_argument("--json", action="store_true", help="print a JSON list, one object per model")
+    models.set_defaults(handler=_cmd_models)
+    spaces = sub.add_parser(
+        "spaces",
+        help="list the shipped search spaces (`autotune run --space NAME`)",
+        description="List the search spaces shipped with autotune, one a line: name, model and GPUs, "
+        "description. `autotune run --space NAME` uses one; --space also takes a YAML file of your own.",
+    )
+    spaces.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON list, one object per space (name, description, model, reward_model, gpus, "
+        "memory_budget_gib, path)",
+    )
+    spaces.set_defaults(handler=_cmd_spaces)
 
 
 def recipe_knobs(text: str) -> list[str]:
@@ -301,7 +350,12 @@ def add_worker_parser(sub: argparse._SubParsersAction) -> None:
     )
     worker.add_argument("--gpus", type=RANKS, help="GPUs per probe: must equal the study's (default)")
     add_parallel_argument(worker)
-    worker.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    worker.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where this worker probes: auto (default) is cuda when a GPU is visible, else cpu",
+    )
     worker.add_argument("--trials", type=COUNT, help="complete trials to reach (default: the study's)")
     worker.add_argument("--time-budget", metavar="DURATION", help="launch no new probe after this long")
     worker.add_argument(
@@ -435,14 +489,22 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from autotune.models.registry import list_models
-    from autotune.report.console import print_models
+    # listing, not registry: the list needs neither torch nor transformers (seconds to import)
+    from autotune.models.listing import model_rows, print_model_table
 
-    rows = list_models()
+    rows = model_rows()
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print_models(rows)
+        print_model_table(rows)
+    return EXIT_OK
+
+
+def _cmd_spaces(args: argparse.Namespace) -> int:
+    from autotune.search.shipped import space_lines, space_rows
+
+    rows = space_rows()
+    print(json.dumps(rows, indent=2) if args.json else space_lines(rows))
     return EXIT_OK
 
 

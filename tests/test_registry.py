@@ -12,6 +12,7 @@ from transformers import AutoConfig, LlamaConfig
 
 from autotune.errors import UserError
 from autotune.models import registry
+from autotune.models.listing import model_rows
 from autotune.models.registry import (
     REWARD_FUNCTION,
     ModelSpec,
@@ -19,7 +20,6 @@ from autotune.models.registry import (
     build_critic,
     build_reward_model,
     count_parameters,
-    list_models,
     resolve_model,
     resolve_reward_model,
 )
@@ -97,11 +97,11 @@ def test_parameter_counts_match_published(name: str) -> None:
     assert count == pytest.approx(PUBLISHED[name], rel=0.02)
 
 
-def test_list_models_rows_and_timing() -> None:
+def test_model_rows_and_timing() -> None:
     start = time.perf_counter()
-    rows = list_models()
+    rows = model_rows()
     elapsed = time.perf_counter() - start
-    assert elapsed < 10, f"list_models took {elapsed:.1f} s"  # ~0.3 s measured; generous for slow CI
+    assert elapsed < 10, f"model_rows took {elapsed:.1f} s"  # ~0.3 s measured; generous for slow CI
     assert [row["name"] for row in rows] == list(registry.MODELS)
     by_name = {row["name"]: row for row in rows}
     assert by_name["llama-2-7b"] | {"source": None} == {
@@ -117,7 +117,7 @@ def test_list_models_rows_and_timing() -> None:
     assert by_name["deberta-v3-large"]["role"] == "reward"
     assert {by_name[n]["role"] for n in ("tiny-llama", "tiny-qwen2", "tiny-deberta")} == {"test"}
     rows[0]["name"] = "changed"
-    assert list_models()[0]["name"] == "llama-2-7b"
+    assert model_rows()[0]["name"] == "llama-2-7b"
 
 
 def test_count_parameters_is_exact_for_every_kind() -> None:
@@ -288,3 +288,14 @@ def test_dtype_names() -> None:
     with pytest.raises(UserError) as exc:
         registry.to_dtype("float8")
     assert_one_line(exc, "'float8'", "bfloat16")
+
+
+@pytest.mark.parametrize("name", list(registry.MODELS))
+def test_shipped_parameter_counts_are_current(name: str) -> None:
+    """`autotune models` reads the counts from a table (no torch): each must be the exact count of the config
+    file as it is now (else the list falls back to counting, slowly)."""
+    from autotune.models.listing import PARAMETERS, config_hash
+
+    role = registry.MODELS[name][0]
+    kind = "reward" if role == "reward" or name.endswith("deberta") else "causal_lm"
+    assert PARAMETERS[name] == (config_hash(name), count_parameters(resolve_model(name), kind))

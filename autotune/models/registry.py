@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import difflib
-import functools
 import hashlib
 import json
 import math
@@ -52,7 +51,6 @@ __all__ = [
     "count_parameters",
     "critic_config",
     "init_random_",
-    "list_models",
     "registry_config",
     "resolve_model",
     "resolve_reward_model",
@@ -366,7 +364,7 @@ def init_random_(model: torch.nn.Module, std: float = 0.02) -> None:
             param.fill_(1.0)  # LayerNorm / RMSNorm scales
 
 
-# ---------------------------------------------------------------------------------------------- listing
+# ---------------------------------------------------------------------------------------------- counting
 
 
 _PARAMETER_COUNTS: dict[tuple[str, str], int] = {}  # (config JSON, kind) -> count, per process
@@ -383,34 +381,3 @@ def count_parameters(spec: ModelSpec, kind: str = "causal_lm") -> int:
             model = AUTO_CLASSES[kind].from_config(config, trust_remote_code=spec.trust_remote_code)
         _PARAMETER_COUNTS[key] = sum(p.numel() for p in model.parameters())
     return _PARAMETER_COUNTS[key]
-
-
-def list_models() -> list[dict[str, Any]]:
-    """One row per registry model: name, role, architecture, parameters, layers, hidden, vocab, source."""
-    return [dict(row) for row in _model_rows()]  # copies: callers may modify them
-
-
-@functools.lru_cache(maxsize=1)
-def _model_rows() -> tuple[dict[str, Any], ...]:
-    rows = []
-    for name, (role, origin) in MODELS.items():
-        spec = resolve_model(name)
-        config = spec.config
-        kind = "reward" if role == "reward" or _is_classifier(config) else "causal_lm"
-        rows.append(
-            {
-                "name": name,
-                "role": role,
-                "architecture": (config.architectures or [type(config).__name__])[0],
-                "parameters": count_parameters(spec, kind),
-                "layers": config.num_hidden_layers,
-                "hidden": config.hidden_size,
-                "vocab": config.vocab_size,
-                "source": origin,
-            }
-        )
-    return tuple(rows)
-
-
-def _is_classifier(config: PretrainedConfig) -> bool:
-    return any(a.endswith("ForSequenceClassification") for a in config.architectures or [])
