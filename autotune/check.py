@@ -20,6 +20,7 @@ file (`key=value` lines, as verl_overrides.txt), read by `autotune.formats.read`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,11 +37,11 @@ from autotune.config.rules import (
 )
 from autotune.formats.read import read_target
 from autotune.formats.rollout import pool_findings
-from autotune.formats.target import Target
+from autotune.formats.target import ASSUMED, Measured, Target
 from autotune.memory.advice import first_aid, shorter_lengths
 from autotune.memory.gpus import gpu_memory_gib, normalise
-from autotune.memory.model import Architecture
-from autotune.memory.sharded import describe, estimate_memory, gib
+from autotune.memory.model import Architecture, MemoryModel
+from autotune.memory.sharded import MemoryEstimate, describe, estimate_with, gib, model_label
 from autotune.models.names import registry_name
 from autotune.units import GIB, divisors
 
@@ -51,7 +52,8 @@ __all__ = ["CheckOptions", "CheckResult", "check", "print_result", "rollout_find
 
 MIN_ROLLOUT, MIN_ROLLOUT_PER_GPU = 64, 32  # see the module docstring
 LENGTH_WASTE = 2.0  # a limit above 2x the data's suggestion wastes memory
-TIGHT = 0.90  # a peak above 90% of the card leaves less than autotune's default 10% headroom
+DEFAULT_HEADROOM = 0.10  # the study's default: feasible means peak <= card × (1 − headroom)
+WARNING = "warning"  # advice: shown with its fix, but the exit code stays 0
 VERL_NAMES = (
     "below, autotune's knob names stand for verl's keys: train_batch_size = data.train_batch_size × "
     "rollout.n, rollout_batch_size = data.gen_batch_size × rollout.n, micro_batch_size = "
@@ -87,6 +89,10 @@ class CheckResult:
         return problems(self.findings)
 
     @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == WARNING]
+
+    @property
     def exit_code(self) -> int:
         return 1 if self.problems else 0
 
@@ -100,7 +106,10 @@ class CheckResult:
             "config": self.target.config.to_dict() if self.target.config else None,
             "sharding": self.target.sharding,
             "memory": self.memory,
+            "layout_assumed": self.target.layout_assumed,
+            "findings": [f.to_dict() for f in self.findings],  # each with its severity
             "problems": [f.to_dict() for f in self.problems],
+            "warnings": [f.to_dict() for f in self.warnings],
             "notes": [f.to_dict() for f in self.findings if f.severity == "note"],
             "exit_code": self.exit_code,
         }
@@ -116,6 +125,8 @@ def _rule_findings(config: ProbeConfig, gpus: int, cores: int | None, verl: bool
         found = value_findings(config) + worker_findings(config, cores)
     else:
         found = config_findings(config, gpus, cores)
+    # workers vs cores is the article's advice (more workers than cores contend), not a broken invariant
+    found = [dataclasses.replace(f, severity=WARNING) if f.check == "workers" else f for f in found]
     if cores is None and not any(f.check == "workers" for f in found):
         found.append(
             Finding(
@@ -128,11 +139,21 @@ def _rule_findings(config: ProbeConfig, gpus: int, cores: int | None, verl: bool
     return found
 
 
-def rollout_findings(c: ProbeConfig, gpus: int) -> list[Finding]:
-    """A rollout batch so small that the GPUs wait on generation (see the module docstring)."""
+def rollout_findings(c: ProbeConfig, gpus: int, measured: Measured | None = None) -> list[Finding]:
+    """A rollout batch so small that the GPUs wait on generation (see the module docstring): a warning, the
+    article's heuristic from its GPU examples; a note only when the file carries the study's measurement of
+    this very config, which the heuristic does not overrule."""
     need = max(MIN_ROLLOUT, MIN_ROLLOUT_PER_GPU * gpus)
     if c.rollout_batch_size <= 0 or c.rollout_batch_size >= need:
         return []
+    rule = (
+        f"rollout_batch_size={c.rollout_batch_size} is {c.rollout_batch_size / gpus:g} per GPU on {gpus} "
+        f"GPU(s): below the article's {MIN_ROLLOUT} in all and {MIN_ROLLOUT_PER_GPU} per GPU"
+    )
+    if measured is not None:
+        speed = f" at {measured.samples_per_sec:g} samples/s" if measured.samples_per_sec else ""
+        note = f"{rule}; the study measured this config{speed} on {measured.where}: the measurement stands"
+        return [Finding("rollout", note, severity="note")]
     group = gpus * c.rollout_n
     fit = next((d for d in divisors(c.train_batch_size) if d >= need and d % group == 0), None)
     fix = (
@@ -140,15 +161,8 @@ def rollout_findings(c: ProbeConfig, gpus: int) -> list[Finding]:
         if fit
         else f"rollout_batch_size >= {need} (and train_batch_size a multiple)"
     )
-    return [
-        Finding(
-            "rollout",
-            f"rollout_batch_size={c.rollout_batch_size} is {c.rollout_batch_size / gpus:g} per GPU on {gpus} "
-            f"GPU(s): below {MIN_ROLLOUT} in all and {MIN_ROLLOUT_PER_GPU} per GPU, the GPUs starve waiting "
-            f"on generation",
-            fix,
-        )
-    ]
+    problem = f"{rule}: the GPUs may starve waiting on generation (a heuristic: a probe measures it)"
+    return [Finding("rollout", problem, fix, severity=WARNING)]
 
 
 def reward_findings(target: Target) -> list[Finding]:
@@ -216,57 +230,183 @@ def verl_findings(overrides: dict[str, Any], gpus: int) -> list[Finding]:
 # --- memory ----------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Card:
+    """What a peak is judged against: a card (or budget) per GPU and the headroom the study keeps below it."""
+
+    name: str  # "a100-40g", "--memory", "the study's budget"
+    bytes: float
+    headroom: float = DEFAULT_HEADROOM
+
+    @property
+    def limit(self) -> float:
+        """The study's feasibility limit on this card: the budget less its headroom."""
+        return self.bytes * (1.0 - self.headroom)
+
+    @property
+    def label(self) -> str:
+        return f"{self.bytes / GIB:g} GiB ({self.name})"
+
+
+def study_model(arch: Architecture, gpus: int, device: str) -> MemoryModel:
+    """The memory model as the study builds it (`search.prepare`) before any probe: the device's priors."""
+    return MemoryModel(arch, gpus, device)
+
+
+def _calibrated(arch: Architecture, config: ProbeConfig, gpus: int, measured: Measured | None) -> MemoryModel:
+    """The CUDA model for another card or GPU count, calibrated on the file's measurement when that was taken
+    on CUDA (one point: the constant fitted, the prior factor kept, as after the study's first probe)."""
+    model = study_model(arch, gpus, "cuda")
+    if measured is None or measured.device != "cuda":
+        return model
+    fitted = study_model(arch, measured.gpus, "cuda").calibrate([(config, measured.peak_bytes)])
+    model = MemoryModel(arch, gpus, "cuda", fitted.constant, fitted.factor)
+    model.points = fitted.points
+    return model
+
+
 def memory_findings(
     arch: Architecture,
     target: Target,
     config: ProbeConfig,
     gpus: int,
-    card: tuple[str, float] | None,
+    card: Card | None,
     report: LengthReport | None,
 ) -> tuple[list[Finding], dict[str, Any]]:
-    estimate = estimate_memory(arch, config, gpus)
+    """The memory verdict: by the file's measurement on its device when it has one and the question is that
+    device, else by the study's memory model on the card (the measurement then shown for reference)."""
+    measured = target.measured
+    if measured is not None and card is None and gpus == measured.gpus:
+        return _measured_verdict(arch, target, config, measured, report)
+    model = _calibrated(arch, config, gpus, measured)
+    return _predicted_verdict(model, target, config, card, report)
+
+
+def _estimate_info(
+    model: MemoryModel, target: Target, config: ProbeConfig
+) -> tuple[MemoryEstimate, str, dict]:
+    """The model's peak, its one-sentence make-up, and the JSON terms."""
+    estimate = estimate_with(model, config)
     text = describe(
         estimate,
         target.sharding,
         target.sharding_label,
         target.offload,
         config,
-        gpus,
-        arch.reward_parameters > 0,
+        model.world_size,
+        model.arch.reward_parameters > 0,
+        model_label(model),
     )
     info = {
         "predicted_peak_gib": round(estimate.peak / GIB, 2),
+        "predicted_peak_bytes": estimate.peak,
+        "model": model_label(model),
+        "device": model.device,
         "raw_gib": round(estimate.raw / GIB, 2),
         "states_gib": {k: round(v / GIB, 3) for k, v in estimate.states.items()},
         "phases_gib": {k: round(v / GIB, 3) for k, v in estimate.phases.items()},
         "sharding": target.sharding,
+        "layout": target.sharding_label,
+        "layout_assumed": target.layout_assumed,
         "offload": target.offload,
     }
-    peak = f"predicted peak {gib(estimate.peak)} GiB per GPU"
-    if card is None:
-        note = f"{peak}: {text}; pass --gpu NAME or --memory GiB to compare it with the card"
+    return estimate, text, info
+
+
+def _measured_verdict(
+    arch: Architecture, target: Target, config: ProbeConfig, measured: Measured, report: LengthReport | None
+) -> tuple[list[Finding], dict[str, Any]]:
+    """The measured peak against the budget and headroom the study recorded; the model (the device's priors,
+    uncalibrated) beside it as information."""
+    model = study_model(arch, measured.gpus, measured.device)
+    estimate, text, info = _estimate_info(model, target, config)
+    peak = measured.peak_bytes
+    error = (estimate.peak - peak) / peak
+    said = (
+        f"measured peak {gib(peak)} GiB per rank on {measured.where} ({measured.gpus} rank(s), the study's "
+        f"measurement)"
+    )
+    beside = f"the memory model predicts {gib(estimate.peak)} GiB ({error:+.0%}; information only): {text}"
+    info.update(decided_by="measurement", measured_peak_gib=round(peak / GIB, 3), fits=None, verdict=None)
+    if measured.budget_bytes is None:
+        note = f"{said}, no budget recorded: pass --gpu NAME or --memory GiB to judge a card; {beside}"
         return [Finding("memory", note, severity="note")], info
-    name, card_gib = card
-    info["card_gib"] = card_gib
-    info["fits"] = estimate.peak <= card_gib * GIB
-    if estimate.peak > card_gib * GIB:
-        problem = f"{peak} > {card_gib:g} GiB ({name}): out of memory expected; {text}"
-        lengths = None
-        if report is not None:
-            lengths = shorter_lengths(
-                config, report.suggested_prompt_length, report.suggested_response_length
-            )
-        aid = first_aid(arch, config, gpus, card_gib * GIB, lengths)
-        return [Finding("memory", problem, aid)], info
-    tight = estimate.peak > TIGHT * card_gib * GIB
-    margin = " — within 10% of the card: fragmentation may still OOM" if tight else ""
-    fits = Finding("memory", f"{peak} fits {card_gib:g} GiB ({name}){margin}; {text}", severity="note")
-    return [fits, *engine_findings(target, card_gib * GIB, estimate.peak)], info
+    card = Card("the study's budget", measured.budget_bytes, measured.headroom)
+    verdict = _verdict(peak, card)
+    info.update(card_gib=round(card.bytes / GIB, 3), limit_gib=round(card.limit / GIB, 3), verdict=verdict)
+    info["fits"] = verdict == "fits"
+    fix = ""
+    if verdict != "fits":
+        lengths = _lengths(config, report)
+        fix = first_aid(_calibrated_on(model, config, peak), config, card.limit, lengths)
+    line = f"{said} {VERDICT_WORDS[verdict]} {card.label}{_headroom(card, verdict)}; {beside}"
+    found = [Finding("memory", line, fix, severity=SEVERITY[verdict])]
+    return found + engine_findings(target, card.bytes, peak), info
+
+
+def _calibrated_on(model: MemoryModel, config: ProbeConfig, peak: int) -> MemoryModel:
+    """A copy of `model` calibrated on one measured point (first aid on the measured device)."""
+    return MemoryModel(model.arch, model.world_size, model.device).calibrate([(config, peak)])
+
+
+def _predicted_verdict(
+    model: MemoryModel, target: Target, config: ProbeConfig, card: Card | None, report: LengthReport | None
+) -> tuple[list[Finding], dict[str, Any]]:
+    """The study's memory model on the card asked about: what the study's sampler would predict."""
+    estimate, text, info = _estimate_info(model, target, config)
+    info.update(decided_by="model", fits=None, verdict=None)
+    said = f"predicted peak {gib(estimate.peak)} GiB per GPU"
+    measured = target.measured
+    if measured is not None:
+        info["measured_peak_gib"] = round(measured.peak_bytes / GIB, 3)
+        said += (
+            f" (for reference, the study measured {gib(measured.peak_bytes)} GiB per rank on "
+            f"{measured.where}, {measured.gpus} rank(s))"
+        )
+    if card is None:
+        note = f"{said}: {text}; pass --gpu NAME or --memory GiB to compare it with the card"
+        return [Finding("memory", note, severity="note")], info
+    verdict = _verdict(estimate.peak, card)
+    info.update(card_gib=card.bytes / GIB, limit_gib=round(card.limit / GIB, 3), verdict=verdict)
+    info["fits"] = verdict == "fits"
+    fix = ""
+    if verdict != "fits":
+        fix = first_aid(model, config, card.limit, _lengths(config, report))
+    line = f"{said} {VERDICT_WORDS[verdict]} {card.label}{_headroom(card, verdict)}; {text}"
+    found = [Finding("memory", line, fix, severity=SEVERITY[verdict])]
+    if verdict == "over":
+        return found, info
+    return found + engine_findings(target, card.bytes, estimate.peak), info
+
+
+VERDICT_WORDS = {"fits": "fits", "tight": "fits, but within the headroom of", "over": ">"}
+SEVERITY = {"fits": "note", "tight": "warning", "over": "problem"}
+
+
+def _verdict(peak: float, card: Card) -> str:
+    """fits (at or below the study's limit), tight (between the limit and the card) or over the card."""
+    if peak <= card.limit:
+        return "fits"
+    return "tight" if peak <= card.bytes else "over"
+
+
+def _headroom(card: Card, verdict: str) -> str:
+    if verdict == "over":
+        return ": out of memory expected"
+    if verdict == "tight":
+        return f" (the study keeps {card.headroom:.0%} free: fragmentation may still OOM)"
+    return f" (limit {gib(card.limit)} GiB with {card.headroom:.0%} headroom)"
+
+
+def _lengths(config: ProbeConfig, report: LengthReport | None) -> tuple[int, int] | None:
+    if report is None:
+        return None
+    return shorter_lengths(config, report.suggested_prompt_length, report.suggested_response_length)
 
 
 def engine_findings(target: Target, card_bytes: float, resident_bytes: float) -> list[Finding]:
     """The rollout engine's share of the card must fit beside the training states (vLLM refuses to start
-    otherwise); judged against the predicted training peak."""
+    otherwise); judged against the training peak (measured when the verdict is the measurement's)."""
     utilization = getattr(target.engine, "gpu_memory_utilization", None)
     if not isinstance(utilization, (int, float)) or isinstance(utilization, bool):
         return []
@@ -277,14 +417,15 @@ def engine_findings(target: Target, card_bytes: float, resident_bytes: float) ->
 # --- the command -----------------------------------------------------------------------------------------
 
 
-def _card(options: CheckOptions, target: Target) -> tuple[str, float] | None:
-
+def _card(options: CheckOptions, target: Target) -> Card | None:
+    """The card asked about (--gpu, --memory), else the study's budget when the file has no usable
+    measurement (with one, the measurement's own budget judges it: `memory_findings`)."""
     if options.gpu:
-        return normalise(options.gpu), gpu_memory_gib(options.gpu)
+        return Card(normalise(options.gpu), gpu_memory_gib(options.gpu) * GIB)
     if options.memory_gib:
-        return "--memory", options.memory_gib
-    if target.memory_gib:
-        return "the study's budget", float(target.memory_gib)
+        return Card("--memory", options.memory_gib * GIB)
+    if target.memory_gib and target.measured is None:
+        return Card("the study's budget", float(target.memory_gib) * GIB)
     return None
 
 
@@ -305,7 +446,7 @@ def check(options: CheckOptions) -> CheckResult:
     memory = None
     if config is not None:
         findings += _rule_findings(config, gpus, options.cores, verl=target.overrides is not None)
-        findings += rollout_findings(config, gpus)
+        findings += rollout_findings(config, gpus, target.measured)
         findings += reward_findings(target)
         model_findings, memory = _model_checks(options, target, config, gpus, card)
         findings += model_findings
@@ -315,15 +456,12 @@ def check(options: CheckOptions) -> CheckResult:
                 "memory", "the override file lacks the batch sizes the memory model needs", severity="note"
             )
         )
-    return CheckResult(str(options.path), target, gpus, _card_label(card), findings, memory)
-
-
-def _card_label(card: tuple[str, float] | None) -> str | None:
-    return f"{card[0]} ({card[1]:g} GiB)" if card else None
+    label = card.label if card else None
+    return CheckResult(str(options.path), target, gpus, label, findings, memory)
 
 
 def _model_checks(
-    options: CheckOptions, target: Target, config: ProbeConfig, gpus: int, card: tuple[str, float] | None
+    options: CheckOptions, target: Target, config: ProbeConfig, gpus: int, card: Card | None
 ) -> tuple[list[Finding], dict[str, Any] | None]:
     """Lengths against the data, positions and memory: the checks that need the model."""
     from autotune.models.registry import resolve_model
@@ -357,17 +495,24 @@ def _model_checks(
 def print_result(result: CheckResult) -> None:
     t = result.target
     model = f"{t.model}" + (f" (reward {t.reward_model})" if t.reward_model else "")
+    layout = t.sharding_label + (f" ({ASSUMED})" if t.layout_assumed else "")
     print(
         f"autotune check {result.path}: {t.kind}; model {model}; {result.gpus} GPU(s)"
-        f"{'; ' + result.card if result.card else ''}; {t.sharding_label}"
+        f"{'; ' + result.card if result.card else ''}; {layout}"
     )
     for f in result.findings:
-        mark = "✗" if f.severity == "problem" else "·"
-        print(f"{mark} {f.check}: {f.problem}")
+        print(f"{MARKS.get(f.severity, '·')} {f.check}: {f.problem}")
         if f.fix:
             print(f"    fix: {f.fix}")
-    count = len(result.problems)
-    print(f"{count} problem{'s' if count != 1 else ''} found" if count else "no problems found")
+    print(_summary(len(result.problems), len(result.warnings)))
+
+
+MARKS = {"problem": "✗", WARNING: "!", "note": "·"}
+
+
+def _summary(problems: int, warnings: int) -> str:
+    said = f"{problems} problem{'s' if problems != 1 else ''} found" if problems else "no problems found"
+    return said + (f" ({warnings} warning{'s' if warnings != 1 else ''})" if warnings else "")
 
 
 def run(options: CheckOptions, as_json: bool = False) -> int:

@@ -9,7 +9,34 @@ from typing import Any
 from autotune.config.knobs import ProbeConfig
 from autotune.config.rules import Finding
 
-__all__ = ["Target", "looks_like_overrides"]
+__all__ = ["ASSUMED", "DEFAULT_LAYOUT", "Measured", "Target", "looks_like_overrides"]
+
+# What a file that names no sharding runs as: verl always holds the states with FSDP, full-shard over every
+# GPU unless told otherwise (fsdp_size -1, reshard_after_forward true). Both formats read an absent key so.
+DEFAULT_LAYOUT = ("full_shard", "FSDP FULL_SHARD (verl's default)")
+ASSUMED = "assumed: the file names no sharding"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """best_config.yaml's `measured:` block: the study's measurement of this config on its device."""
+
+    peak_bytes: int
+    device: str  # "cpu" | "cuda": where the probe ran
+    gpus: int  # ranks per probe
+    budget_bytes: float | None  # the study's memory budget per rank
+    headroom: float = 0.10
+    gpu: str | None = None  # the card's name, on CUDA
+    samples_per_sec: float | None = None
+
+    @property
+    def limit(self) -> float | None:
+        """The study's feasibility limit: the budget less its headroom."""
+        return None if self.budget_bytes is None else self.budget_bytes * (1.0 - self.headroom)
+
+    @property
+    def where(self) -> str:
+        return (self.gpu or "CUDA") if self.device == "cuda" else self.device.upper()
 
 
 @dataclass
@@ -29,6 +56,8 @@ class Target:
     findings: list[Finding] = field(default_factory=list)  # found while reading (unknown keys, ...)
     overrides: dict[str, Any] | None = None  # a verl override file's values
     engine: Any = None  # the rollout engine settings the file names (autotune.formats.rollout.RolloutEngine)
+    measured: Measured | None = None  # best_config.yaml's measurement, when it has a usable one
+    layout_assumed: bool = False  # the file names no sharding: DEFAULT_LAYOUT was applied
 
 
 def looks_like_overrides(text: str) -> bool:

@@ -2,12 +2,16 @@
 
 The order is the seed article's first aid for an out-of-memory run: halve the micro batch first, then the
 forward-only micro batch, then the rollout batch (its KV cache; the train batch stays), then shorten the
-lengths (never below what the data needs), then trade time for
-memory (gradient checkpointing), then change what is trained (LoRA) or where the states live (FSDP with CPU
-offload). Raising gradient accumulation does not lower the peak: it only lengthens the step.
+lengths (never below what the data needs), then trade time for memory (gradient checkpointing), then change
+what is trained (LoRA) or where the states live (FSDP with CPU offload). Raising gradient accumulation does
+not lower the peak: it only lengthens the step.
+
+`check`'s first aid puts the switches that change no batch and no length (`switches`: gradient checkpointing
+on, the states sharded over the GPUs) first when one makes the config fit by itself, and before shorter
+lengths in the steps when it makes them fit: the data keeps its lengths and the recipe its batches.
 
     [r.change for r in remedies(config)]          # the report's tips for a trial that did not fit
-    first_aid(arch, config, gpus, card, ...)      # `check`: each step on top of the previous, with its peak
+    first_aid(model, config, limit, lengths)      # `check`: each step on top of the previous, with its peak
 """
 
 from __future__ import annotations
@@ -16,11 +20,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from autotune.config.knobs import ProbeConfig
-from autotune.memory.model import Architecture
-from autotune.memory.sharded import estimate_memory, gib
+from autotune.memory.model import MemoryModel
+from autotune.memory.sharded import gib
 from autotune.units import round_up
 
-__all__ = ["Remedy", "first_aid", "remedies", "shorter_lengths"]
+__all__ = ["Remedy", "first_aid", "remedies", "shorter_lengths", "switches"]
 
 GRADIENT_ACCUMULATION_NOTE = (
     "raising gradient_accumulation_steps does not lower the peak: it only lengthens the step"
@@ -91,44 +95,71 @@ def _with(config: ProbeConfig, **changes: object) -> ProbeConfig:
     return dataclasses.replace(config, **changes)
 
 
+def switches(config: ProbeConfig, gpus: int = 1) -> list[Remedy]:
+    """Changes that cost no batch and no length, only time or traffic: gradient checkpointing on, and the
+    states sharded over the GPUs (FSDP full-shard) when they are replicated on several."""
+    found = []
+    if not config.gradient_checkpointing:
+        change = "gradient_checkpointing: true"
+        found.append(Remedy("checkpointing", change, _with(config, gradient_checkpointing=True)))
+    if gpus > 1 and not config.sharded:
+        change = f"sharding: full_shard (FSDP: states ÷ {gpus})"
+        found.append(Remedy("sharding", change, _with(config, sharding="full_shard")))
+    return found
+
+
+CHANGES = {  # the fields each remedy changes, to apply it on top of others
+    "micro": ("micro_batch_size",),
+    "forward_micro": ("log_prob_micro_batch_size",),
+    "rollout": ("rollout_batch_size",),
+    "lengths": ("max_prompt_length", "max_response_length"),
+    "checkpointing": ("gradient_checkpointing",),
+    "sharding": ("sharding",),
+    "lora": ("use_lora",),
+    "offload": ("sharding", "offload_policy"),
+}
+
+
+def _on_top(current: ProbeConfig, remedy: Remedy) -> ProbeConfig:
+    return _with(current, **{name: getattr(remedy.config, name) for name in CHANGES[remedy.name]})
+
+
 def first_aid(
-    arch: Architecture,
-    config: ProbeConfig,
-    gpus: int,
-    card_bytes: float,
-    lengths: tuple[int, int] | None = None,
+    model: MemoryModel, config: ProbeConfig, limit: float, lengths: tuple[int, int] | None = None
 ) -> str:
-    """First aid for a config (held as it says) predicted not to fit `card_bytes`: each step on top of the
-    previous, with the predicted peak after it (CUDA priors, as `estimate_memory`)."""
+    """First aid for a config (held as it says) predicted above `limit` bytes per rank by `model` (the
+    study's memory model): a switch that fits alone first, then the article's steps, each on top of the
+    previous with the predicted peak after it; a switch comes before shorter lengths when it makes it fit."""
 
-    def peak(c: ProbeConfig) -> float:
-        return estimate_memory(arch, c, gpus).peak
+    def fits(c: ProbeConfig) -> bool:
+        return model.predict(c) <= limit
 
-    def mark(value: float) -> str:
-        return f"{gib(value)} GiB" + (" fits" if value <= card_bytes else "")
+    def mark(c: ProbeConfig) -> str:
+        return f"{gib(model.predict(c))} GiB" + (" fits" if fits(c) else "")
 
-    by_name = {r.name: r for r in remedies(config, lengths, gpus)}
-    current, steps = config, []
-    if "micro" in by_name:
-        current = by_name["micro"].config
-        steps.append(f"{by_name['micro'].change}: {mark(peak(current))}")
-    if peak(current) > card_bytes and "rollout" in by_name:
-        current = _with(current, rollout_batch_size=by_name["rollout"].config.rollout_batch_size)
-        steps.append(f"+ {by_name['rollout'].change}: {mark(peak(current))}")
-    lp, lr = lengths or shorter_lengths(config)
-    if peak(current) > card_bytes and "lengths" in by_name:
-        current = _with(current, max_prompt_length=lp, max_response_length=lr)
-        steps.append(f"+ {by_name['lengths'].change}: {mark(peak(current))}")
-    options = []
-    if peak(current) > card_bytes and "lora" in by_name:
-        options.append(f"+ {by_name['lora'].change}: {mark(peak(_with(current, use_lora=True)))}")
-    if peak(current) > card_bytes and "offload" in by_name:
-        offloaded = _with(current, sharding="full_shard", offload_policy=True)
-        options.append(f"+ {by_name['offload'].change}: {mark(peak(offloaded))}")
-    if options:
-        steps.append(" or ".join(options))
-    numbered = [f"{i}) {step}" for i, step in enumerate(steps, start=1)]
-    tail = ""
-    if "checkpointing" in by_name:
-        tail = f"Also gradient_checkpointing: true alone: {mark(peak(by_name['checkpointing'].config))}. "
-    return f"in first-aid order: {'; '.join(numbered)}. {tail}{GRADIENT_ACCUMULATION_NOTE.capitalize()}"
+    by_name = {r.name: r for r in remedies(config, lengths, model.world_size)}
+    steps, current = [], config
+    for name in ("micro", "rollout", "switch", "lengths"):
+        if fits(current):
+            break
+        if name == "switch":
+            found = [r for r in switches(current, model.world_size) if fits(r.config)]
+            remedy = found[0] if found else None
+        else:
+            remedy = by_name.get(name)
+        if remedy is not None:
+            current = _on_top(current, remedy)
+            steps.append(f"{'+ ' if steps else ''}{remedy.change}: {mark(current)}")
+    options = [by_name[n] for n in ("lora", "offload") if n in by_name]
+    if options and not fits(current):
+        steps.append(" or ".join(f"+ {r.change}: {mark(_on_top(current, r))}" for r in options))
+    numbered = "; ".join(f"{i}) {step}" for i, step in enumerate(steps, start=1))
+    alone = [
+        (f"{r.change} alone: {mark(r.config)}", fits(r.config)) for r in switches(config, model.world_size)
+    ]
+    note = GRADIENT_ACCUMULATION_NOTE.capitalize()
+    if any(fit for _, fit in alone):  # first: the data keeps its lengths, the recipe its batches
+        lead = " or ".join(text for text, fit in alone if fit)
+        return f"{lead} (no batch or length changes); else, in first-aid order: {numbered}. {note}"
+    tail = "".join(f" {text}." for text, _ in alone)
+    return f"in first-aid order: {numbered}.{tail} {note}"

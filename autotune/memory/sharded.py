@@ -1,10 +1,12 @@
 """Peak bytes per GPU of a config held as a job holds it: replicated, or sharded by FSDP, with offload.
 
-    estimate = estimate_memory(arch, config, gpus=4, sharding="full_shard")   # CUDA priors, uncalibrated
+    estimate = estimate_memory(arch, config, gpus=4)                 # CUDA priors, uncalibrated
+    estimate = estimate_with(MemoryModel(arch, 4, "cpu"), config)    # any model: the study's, calibrated
     estimate.peak, estimate.states, estimate.phases, estimate.peak_phase
 
-The probe's memory model covers every holding the probe can run (autotune.memory.model): here a config read
-from a file is put in the holding the file names, and the model's terms are gathered for `check`'s report.
+The probe's memory model covers every holding the probe can run (autotune.memory.model): the config carries
+its holding (sharding, offload, checkpointing, LoRA), and the peak is `MemoryModel.predict`, the number the
+study's sampler compares with its limit; here the model's terms are gathered for `check`'s report.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import Architecture, MemoryModel
 from autotune.units import GIB
 
-__all__ = ["MemoryEstimate", "describe", "estimate_memory", "held_as"]
+__all__ = ["MemoryEstimate", "describe", "estimate_memory", "estimate_with", "held_as", "model_label"]
 
 
 def gib(value: float) -> str:
@@ -49,8 +51,21 @@ def held_as(config: ProbeConfig, sharding: str = "none", offload: bool = False) 
 def estimate_memory(arch: Architecture, config: ProbeConfig, gpus: int) -> MemoryEstimate:
     """Peak bytes per GPU of `config`, held as it says, under the memory model with CUDA priors
     (uncalibrated)."""
+    return estimate_with(MemoryModel(arch, gpus, "cuda"), config)
+
+
+def model_label(model: MemoryModel) -> str:
+    """Which memory model made a prediction: the device's priors, or calibrated on measurements."""
+    device = "CUDA" if model.device == "cuda" else "CPU"
+    if model.points:
+        return f"{device}, calibrated on {model.points} measurement{'s' if model.points > 1 else ''}"
+    return f"{device} priors, uncalibrated"
+
+
+def estimate_with(model: MemoryModel, config: ProbeConfig) -> MemoryEstimate:
+    """Peak bytes per rank of `config`, held as it says, under `model` (`model.predict`: the study's
+    number)."""
     held = config
-    model = MemoryModel(arch, gpus, "cuda")
     b = model.breakdown(held)
     states = {
         "weights": b.weights,
@@ -73,6 +88,7 @@ def describe(
     config: ProbeConfig,
     gpus: int,
     reward: bool,
+    label_of_model: str = "CUDA priors, uncalibrated",
 ) -> str:
     """How the peak is made up and how it was computed: one sentence."""
     s = estimate.states
@@ -83,6 +99,8 @@ def describe(
         how = f"{label} over {gpus} GPUs, states on the CPU (Adam steps there), units copied in to compute"
     elif offload:
         how = f"{label} over {gpus} GPUs, parameter and optimizer states offloaded to CPU between phases"
+    elif sharding != "none" and gpus == 1:
+        how = f"{label} on 1 GPU: nothing to divide, weights gathered {gib(estimate.gathered)} GiB at a time"
     elif sharding == "full_shard":
         how = (
             f"{label} over {gpus} GPUs: parameter, gradient and optimizer states ÷ {gpus}, "
@@ -99,5 +117,5 @@ def describe(
         f"{models}: weights {gib(s['weights'])} + gradients {gib(s['gradients'])} + Adam states "
         f"{gib(s['optimizer'])} GiB ({how}), then the {phase} phase {gib(estimate.phases[phase])} GiB"
         f"{detail}; peak = {estimate.constant / GIB:.2f} GiB + states + {estimate.factor:g} × the "
-        f"transients (the memory model of autotune's probe, CUDA priors, uncalibrated)"
+        f"transients (the memory model of autotune's probe, {label_of_model})"
     )
