@@ -162,7 +162,7 @@ def test_train_300_rollout_128_drops_samples(capsys):
     out = capsys.readouterr().out
     assert "train_batch_size=300 is not a multiple of rollout_batch_size=128" in out
     assert "3×128=384 samples and trains on 300, so 84 (22%) are dropped" in out and "KL" in out
-    assert "fix: train_batch_size: 384 (3 rollouts) or 256 (2)" in out
+    assert "fix: train_batch_size: 512 (4 rollouts) or 256 (2)" in out  # 384 breaks the 256-sample mini batch
     assert "micro_batch_size×gradient_accumulation_steps×gpus=32×4×2=256" in out
     assert "problems found" in out.splitlines()[-1]
 

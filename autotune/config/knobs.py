@@ -8,11 +8,13 @@ R / rollout_n prompts (verl's `data.train_batch_size` counts prompts: the verl e
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, fields
 from typing import Any
 
 from autotune.errors import UserError
+from autotune.units import divisors, round_up
 
 __all__ = [
     "ALGORITHMS",
@@ -22,6 +24,9 @@ __all__ = [
     "ProbeConfig",
     "parse_sets",
     "physical_cores",
+    "rollout_batch_fix",
+    "train_batch_fixes",
+    "train_batch_step",
 ]
 
 ALGORITHMS = ("ppo", "grpo")
@@ -146,3 +151,31 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
             raise UserError(f"--set {key!r}: unknown knob; known knobs are {', '.join(KNOB_NAMES)}")
         values[key] = _convert(key, raw, types[key])
     return values
+
+
+# --- sizes that keep every divisibility rule (autotune.config.rules), for the fixes a finding suggests ------
+
+
+def train_batch_step(config: ProbeConfig, gpus: int) -> int:
+    """What every valid train batch T is a multiple of, the other knobs held: the rollout batch (T % R), the
+    mini batch m·g·W (whole optimizer steps) and lm·W (forward micro-batches split each GPU's share)."""
+    mini = config.micro_batch_size * config.gradient_accumulation_steps * gpus
+    return math.lcm(config.rollout_batch_size, mini, config.forward_micro_batch_size * gpus)
+
+
+def train_batch_fixes(config: ProbeConfig, gpus: int) -> tuple[int, ...]:
+    """The valid train batches nearest to config's, the next above and the next below (when there is one), so
+    that a finding's fix never trades one broken rule for another (18 for a micro batch of 3 broke T % R)."""
+    step, value = train_batch_step(config, gpus), config.train_batch_size
+    up, down = round_up(value, step), value // step * step
+    return (up,) if down in (0, up) else (up, down)
+
+
+def rollout_batch_fix(config: ProbeConfig, gpus: int) -> int | None:
+    """The rollout batch nearest to config's that holds whole prompt groups on every GPU (a multiple of
+    gpus·rollout_n) and divides the train batch, preferring the larger; None when no such size exists."""
+    group, value, train = gpus * config.rollout_n, config.rollout_batch_size, config.train_batch_size
+    if train % group:  # a multiple of the group that divides T needs the group to divide T
+        return None
+    fits = [group * d for d in divisors(train // group)]
+    return min(fits, key=lambda d: (abs(d - value), -d))

@@ -21,7 +21,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.config.knobs import ALGORITHMS, MAX_KL_COEF, SHARDINGS, ProbeConfig, physical_cores
+from autotune.config.knobs import (
+    ALGORITHMS,
+    MAX_KL_COEF,
+    SHARDINGS,
+    ProbeConfig,
+    physical_cores,
+    rollout_batch_fix,
+    train_batch_fixes,
+)
 from autotune.config.numbers import MAX_INT, number_problem
 from autotune.errors import UserError
 from autotune.units import divisors, round_up
@@ -170,9 +178,13 @@ def _rollout_findings(c: ProbeConfig, gpus: int) -> list[Finding]:
     if T % R:
         rollouts = -(-T // R)
         dropped = rollouts * R - T
-        options = [f"train_batch_size: {rollouts * R} ({rollouts} rollouts)"]
-        if T > R:
-            options.append(f"{(T // R) * R} ({T // R})")
+        # the fixes keep every other rule too (whole mini-batches, forward micro-batches, prompt groups)
+        fixes = train_batch_fixes(c, gpus)
+        options = [f"train_batch_size: {fixes[0]} ({fixes[0] // R} rollouts)"]
+        options += [f"{t} ({t // R})" for t in fixes[1:]]
+        rollout = rollout_batch_fix(c, gpus)
+        # no rollout batch of whole prompt groups divides T when gpus×rollout_n does not: T must change
+        other = f", or rollout_batch_size: {rollout}" if rollout else ""
         found.append(
             Finding(
                 "divisibility",
@@ -180,7 +192,7 @@ def _rollout_findings(c: ProbeConfig, gpus: int) -> list[Finding]:
                 f"{rollouts}×{R}={rollouts * R} samples and trains on {T}, so {dropped} "
                 f"({dropped / (rollouts * R):.0%}) are dropped: the trained distribution shifts and the KL "
                 f"can explode",
-                " or ".join(options) + f", or a rollout_batch_size that divides {T}",
+                " or ".join(options) + other,
                 key="train_batch_size",
                 value=T,
             )
@@ -192,7 +204,7 @@ def _rollout_findings(c: ProbeConfig, gpus: int) -> list[Finding]:
                 "divisibility",
                 f"rollout_batch_size={R} is not a multiple of gpus×rollout_n={gpus}×{c.rollout_n}: every GPU "
                 f"must generate the same number of whole prompt groups",
-                f"rollout_batch_size: {round_up(R, group)}",
+                _group_fix(c, gpus),
                 key="rollout_batch_size",
                 value=R,
             )
@@ -200,21 +212,34 @@ def _rollout_findings(c: ProbeConfig, gpus: int) -> list[Finding]:
     return found
 
 
+def _group_fix(c: ProbeConfig, gpus: int) -> str:
+    """A rollout batch of whole prompt groups per GPU that also divides the train batch; when none does (the
+    train batch is not a multiple of gpus×rollout_n), the next group multiple with a train batch that fits."""
+    rollout = rollout_batch_fix(c, gpus)
+    if rollout:
+        return f"rollout_batch_size: {rollout}"
+    grouped = dataclasses.replace(c, rollout_batch_size=round_up(c.rollout_batch_size, gpus * c.rollout_n))
+    return (
+        f"rollout_batch_size: {grouped.rollout_batch_size} with train_batch_size: "
+        f"{train_batch_fixes(grouped, gpus)[0]}"
+    )
+
+
 def _mini_batch_findings(c: ProbeConfig, gpus: int) -> list[Finding]:
     m, g, T = c.micro_batch_size, c.gradient_accumulation_steps, c.train_batch_size
     mini = m * g * gpus
     found = []
     if T % mini:
-        down = (T // mini) * mini
+        # train batches valid for every rule, not this one only (18 for m=3 broke T % R=8)
+        fixes = " or ".join(str(t) for t in train_batch_fixes(c, gpus))
         found.append(
             Finding(
                 "divisibility",
                 f"train_batch_size={T} is not a multiple of micro_batch_size×gradient_accumulation_steps×"
                 f"gpus={m}×{g}×{gpus}={mini}: every optimizer step needs exactly {g} full micro-batches on "
                 f"every GPU (verl rejects a partial mini-batch)",
-                f"train_batch_size: {round_up(T, mini)}"
-                + (f" or {down}" if down else "")
-                + ", or a micro_batch_size×gradient_accumulation_steps whose product×gpus divides it",
+                f"train_batch_size: {fixes}, or a micro_batch_size×gradient_accumulation_steps whose "
+                f"product×gpus divides it",
                 key="train_batch_size",
                 value=T,
             )
@@ -229,7 +254,7 @@ def _mini_batch_findings(c: ProbeConfig, gpus: int) -> list[Finding]:
                 f"log_prob_micro_batch_size={forward} (the forward-only micro batch; none means "
                 f"micro_batch_size) does not divide the per-GPU share train_batch_size/gpus={share}: "
                 f"forward-only micro-batches must split it evenly (verl's rule)",
-                f"log_prob_micro_batch_size: {divisor}, or a train_batch_size whose share it divides",
+                f"log_prob_micro_batch_size: {divisor}, or train_batch_size: {train_batch_fixes(c, gpus)[0]}",
                 key="log_prob_micro_batch_size",
                 value=forward,
             )
