@@ -22,7 +22,8 @@ __all__ = ["MemoryEstimate", "describe", "estimate_memory", "estimate_with", "he
 
 
 def gib(value: float) -> str:
-    return f"{value / GIB:.1f}"
+    """GiB to one decimal, two below 10 GiB (a CPU study's peaks and budgets are fractions of a GiB)."""
+    return f"{value / GIB:.2f}" if abs(value) < 10 * GIB else f"{value / GIB:.1f}"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,197 @@
+"""`autotune check` agrees with the study: the files autotune writes pass it, a measurement is judged by
+itself, and on the seed article's three configs the memory verdict is the study's memory model's."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.check import CheckOptions, check
+from autotune.cli import main
+from autotune.formats.read import read_target
+from autotune.formats.verl import format_overrides, verl_overrides
+from autotune.memory.gpus import gpu_memory_gib
+from autotune.memory.model import Architecture, MemoryModel
+from autotune.models.names import model_name_or_path, registry_name
+from autotune.models.registry import resolve_model, resolve_reward_model
+from autotune.report.write import write_report
+from autotune.search.plan import StudyPlan
+from autotune.search.sampler import predicted_peaks
+from autotune.search.study import Budget
+from autotune.units import GIB
+from tests.report_studies import BUDGET, knobs, new_study, record, standard_study
+
+DATA = Path(__file__).resolve().parent / "data"
+# the article's three hand-made configs (§5.1-5.3), with the GPUs and card each was written for
+ARTICLE = {
+    "5.1": (DATA / "seed_scenario_1.yaml", 2, "a100-80g"),
+    "5.2": (DATA / "seed_scenario_2.yaml", 4, "a100-40g"),
+    "5.3": (DATA / "seed_scenario_3.yaml", 1, "rtx3090"),
+}
+
+
+def _report(path: Path, *args: str, capsys) -> tuple[int, dict]:
+    code = main(["check", str(path), "--json", *args])
+    return code, json.loads(capsys.readouterr().out)
+
+
+# --- the files autotune writes ---------------------------------------------------------------------------
+
+
+def _cpu_study_as_reported() -> tuple[object, Budget]:
+    """The user's case: a CPU study whose pick measured 0.551 GiB under a 0.67 GiB budget with a rollout batch
+    of 32 (the CUDA priors predict more than the budget; the article's heuristic wants >= 64)."""
+    budget = Budget(int(0.67 * GIB), 0.10)
+    study = new_study("check-cpu")
+    config = knobs(rollout_batch_size=32, micro_batch_size=8, gradient_accumulation_steps=1)
+    record(study, "ok", config, 12.0, 0.551, budget=budget)
+    return study, budget
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> dict[str, Path]:
+    """Reports written by the report code on synthetic studies (no probe): a tiny model and a 7B one (whose
+    CPU measurement the model's priors cannot explain), and the user's 0.67 GiB study."""
+    folders = {}
+    for name, model, reward in (("tiny", "tiny-llama", "function"), ("7b", "llama-2-7b", "deberta-v3-large")):
+        out = tmp_path_factory.mktemp(name)
+        write_report(
+            standard_study(f"check-{name}"), out, BUDGET, plan=StudyPlan(model=model, reward_model=reward)
+        )
+        folders[name] = out
+    study, budget = _cpu_study_as_reported()
+    folders["user"] = tmp_path_factory.mktemp("user")
+    write_report(study, folders["user"], budget, plan=StudyPlan(model="qwen2.5-0.5b"))
+    return folders
+
+
+@pytest.mark.parametrize("name", ["tiny", "7b", "user"])
+@pytest.mark.parametrize("file", ["best_config.yaml", "verl_overrides.txt"])
+def test_check_passes_every_file_autotune_wrote(written, name, file, capsys):
+    code, report = _report(written[name] / file, "--cores", "8", capsys=capsys)
+    assert code == 0 and report["problems"] == [], report["problems"]
+    assert all(f["severity"] in ("problem", "warning", "note") for f in report["findings"])
+    assert report["exit_code"] == 0 and not report["layout_assumed"]  # autotune names the layout
+
+
+def test_a_measured_config_is_judged_by_its_measurement(written, capsys):
+    code, report = _report(written["user"] / "best_config.yaml", "--cores", "8", capsys=capsys)
+    memory = report["memory"]
+    assert code == 0 and memory["decided_by"] == "measurement" and memory["verdict"] == "fits"
+    assert memory["measured_peak_gib"] == pytest.approx(0.551, abs=1e-3)
+    assert memory["limit_gib"] == pytest.approx(0.67 * 0.9, abs=1e-3)
+    assert memory["device"] == "cpu" and memory["model"] == "CPU priors, uncalibrated"
+    (line,) = [f for f in report["findings"] if f["check"] == "memory"]
+    assert line["severity"] == "note" and "information only" in line["problem"]
+    # the article's starving-GPU heuristic does not overrule the measured rollout batch of 32
+    (rollout,) = [f for f in report["findings"] if f["check"] == "rollout"]
+    assert rollout["severity"] == "note" and "the measurement stands" in rollout["problem"]
+
+
+def test_a_7b_measurement_stands_though_the_model_predicts_far_more(written, capsys):
+    code, report = _report(written["7b"] / "best_config.yaml", "--cores", "8", capsys=capsys)
+    memory = report["memory"]
+    assert code == 0 and memory["verdict"] == "fits"
+    assert memory["predicted_peak_gib"] > 10 * memory["measured_peak_gib"]  # shown, not held against it
+
+
+def test_another_card_is_the_models_verdict_with_the_measurement_for_reference(written, capsys):
+    code, report = _report(
+        written["user"] / "best_config.yaml", "--gpu", "rtx3090", "--cores", "8", capsys=capsys
+    )
+    memory = report["memory"]
+    assert code == 0 and memory["decided_by"] == "model" and memory["device"] == "cuda"
+    (line,) = [f for f in report["findings"] if f["check"] == "memory"]
+    assert "for reference, the study measured 0.55 GiB per rank on CPU" in line["problem"]
+    # asked about 2 GPUs where the study measured 1: the model decides as well
+    _, report = _report(written["user"] / "best_config.yaml", "--gpus", "2", "--cores", "8", capsys=capsys)
+    assert report["memory"]["decided_by"] == "model"
+
+
+def test_the_text_output_says_clean_with_warnings(written, capsys):
+    assert main(["check", str(written["tiny"] / "verl_overrides.txt"), "--cores", "8"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("! rollout:") for line in out)  # a warning, marked apart from problems
+    assert out[-1] == "no problems found (1 warning)"
+
+
+@pytest.mark.e2e
+def test_a_written_best_config_passes_the_real_cli(written, cli):
+    proc = cli("check", str(written["user"] / "best_config.yaml"), "--cores", "8", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "measured peak 0.55 GiB per rank on CPU" in proc.stdout
+
+
+# --- the article's configs: the study's memory model, one layout rule --------------------------------------
+
+
+def _study_model(path: Path, gpus: int) -> MemoryModel:
+    """The memory model as `search.prepare` builds it for a study of this config (no probe yet)."""
+    target = read_target(path)
+    actor = resolve_model(registry_name(target.model))
+    reward = resolve_reward_model(registry_name(target.reward_model) or "function")
+    return MemoryModel(Architecture.from_specs(actor, reward), gpus, "cuda")
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+@pytest.mark.parametrize("scenario", sorted(ARTICLE))
+def test_the_memory_verdict_is_the_studys(scenario, checkpointing, tmp_path):
+    path, gpus, gpu = ARTICLE[scenario]
+    if not checkpointing:
+        text = path.read_text().replace(
+            "actor_model_config:\n", "actor_model_config:\n  gradient_checkpointing: false\n"
+        )
+        path = tmp_path / path.name
+        path.write_text(text)
+    config = read_target(path).config
+    assert config.gradient_checkpointing is checkpointing
+    model = _study_model(path, gpus)
+    (peak,) = predicted_peaks([config], [], model)  # what the study's sampler predicts before any probe
+    budget = Budget(int(gpu_memory_gib(gpu) * GIB), 0.10)  # the study's budget on that card
+    result = check(CheckOptions(path=path, gpus=gpus, gpu=gpu, cores=64))
+    memory = result.memory
+    assert memory["predicted_peak_bytes"] == int(peak)
+    assert memory["fits"] == (peak <= budget.limit)
+    assert (result.exit_code == 1) == (peak > budget.bytes)
+    if peak <= budget.bytes:
+        return
+    (problem,) = result.problems
+    switched = model.predict(dataclasses.replace(config, gradient_checkpointing=True))
+    if not checkpointing and switched <= budget.limit:  # checkpointing suffices: proposed first
+        assert problem.fix.startswith("gradient_checkpointing: true alone")
+    else:
+        assert problem.fix.startswith("in first-aid order: 1) micro_batch_size")
+
+
+def test_the_verdicts_on_the_articles_configs():
+    """§5.1 fits two A100 80G, §5.2 does not fit four A100 40G (its states alone are 96 GiB per GPU), §5.3
+    fits an RTX 3090; without checkpointing §5.1 needs it back (first aid says so first)."""
+    verdicts = {}
+    for scenario, (path, gpus, gpu) in ARTICLE.items():
+        verdicts[scenario] = check(CheckOptions(path=path, gpus=gpus, gpu=gpu, cores=64)).memory["verdict"]
+    assert verdicts == {"5.1": "fits", "5.2": "over", "5.3": "fits"}
+
+
+@pytest.mark.parametrize("scenario", sorted(ARTICLE))
+def test_the_article_yaml_and_an_override_file_read_one_layout(scenario, tmp_path):
+    """A file that names no sharding is held as verl holds it by default, FSDP full-shard, in both formats."""
+    path, gpus, gpu = ARTICLE[scenario]
+    seed = read_target(path)
+    values = verl_overrides(
+        seed.config, gpus, model_path=model_name_or_path(registry_name(seed.model))
+    ).values
+    named = seed.sharding_label.startswith("FSDP FULL_SHARD") and not seed.layout_assumed
+    if not named:  # leave the layout out, as a hand-written override file may
+        values = {k: v for k, v in values.items() if not k.endswith(("fsdp_size", "reshard_after_forward"))}
+    override = tmp_path / "verl_overrides.txt"
+    override.write_text(format_overrides(values))
+    verl = read_target(override)
+    assert seed.sharding == verl.sharding == verl.config.sharding == seed.config.sharding == "full_shard"
+    assert seed.layout_assumed == verl.layout_assumed == (scenario != "5.2")
+    if seed.reward_model is None:  # the export leaves a reward model out: compare the peaks without one
+        options = {"gpus": gpus, "gpu": gpu, "cores": 64}
+        yaml_peak = check(CheckOptions(path=path, **options)).memory["predicted_peak_bytes"]
+        assert check(CheckOptions(path=override, **options)).memory["predicted_peak_bytes"] == yaml_peak
