@@ -1,21 +1,30 @@
-"""`autotune check`: every problem of an existing config at once, each with the rule and the fix.
+"""`autotune check`: every finding of an existing config at once, each on one line with the rule and the fix.
 
     result = check(CheckOptions(path=Path("config.yaml"), gpus=4, gpu="a100-40g"))
-    print_result(result); sys.exit(result.exit_code)     # 0 clean, 1 problems found (2: a UserError)
+    print_result(result); sys.exit(result.exit_code)   # 0 clean (warnings allowed), 1 problems, 2 UserError
 
 Input: the seed article's schema (its hand-made configs, and autotune's best_config.yaml) or a verl override
-file (`key=value` lines, as verl_overrides.txt), read by `autotune.formats.read`. The findings:
+file (`key=value` lines, as verl_overrides.txt), read by `autotune.formats.read` with one layout rule for
+both: a file that names no sharding is held as verl holds it by default, FSDP full-shard (the header says so).
+Each finding has a severity: a problem (a broken rule, a config that will not fit: exit 1), a warning (the
+article's advice: exit 0) or a note (context). The findings:
 - the configuration rules (`autotune.config.rules`), the same the study and `autotune probe` enforce; for an
   override file verl 0.9.1's own rules on its keys instead of the divisibility rules;
 - num_rollout_workers against the physical cores of *this* machine unless `--cores` gives the training
-  machine's (a note says which);
-- a rollout batch so small that the GPUs starve: the article flags a rollout batch below 64 in examples of 1-2
-  GPUs, i.e. 32 sequences per GPU; each GPU generates its own share, so autotune asks R >= 64 and R/W >= 32;
+  machine's: a warning (the article's advice, not an invariant);
+- a rollout batch so small that the GPUs may starve: the article flags a rollout batch below 64 in examples
+  of 1-2 GPUs, i.e. 32 sequences per GPU; autotune asks R >= 64 and R/W >= 32. A warning, and only a note when
+  the file carries the study's measurement of this config (a heuristic never overrules a measurement);
 - the lengths against a dataset's suggestions (`--data`), and against the model's position embeddings;
 - a reward model marked trainable;
-- memory: the analytic model of autotune's probe with its CUDA priors (not calibrated on the user's run; HF
-  generate, not vLLM), with the states sharded as the file says (`autotune.memory.sharded`), and first aid
-  when it does not fit (`autotune.memory.advice`).
+- memory, judged as the study judges it: peak <= budget × (1 − headroom) fits, above the card is a problem,
+  between them a warning. A best_config.yaml with a `measured:` block is judged by its measured peak against
+  the budget and headroom recorded there, the memory model's prediction shown beside it as information. Asked
+  about a card (--gpu, --memory) or another GPU count, the study's memory model decides (`MemoryModel`, built
+  as `search.prepare` builds it: the device's priors; calibrated on the file's measurement when that was taken
+  on CUDA), with the states held as the config holds them (`autotune.memory.sharded`; HF generate, not vLLM),
+  the measurement shown for reference; first aid when it does not fit (`autotune.memory.advice`: a switch
+  that fits alone, gradient checkpointing or sharding, before the article's steps and shorter lengths).
 """
 
 from __future__ import annotations
