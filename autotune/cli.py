@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=SECONDS,
         default=600.0,
         metavar="S",
-        help="wall-clock limit in seconds; the whole process group is killed after it",
+        help="wall-clock limit in seconds (default 600); the whole process group is killed after it",
     )
     probe.add_argument(
         "--seed", type=SEED, default=0, help="seed of the probe's sampling and prompts (default 0)"
