@@ -13,6 +13,7 @@ from autotune.check import CheckOptions, check
 from autotune.cli import main
 from autotune.formats.read import read_target
 from autotune.formats.verl import format_overrides, verl_overrides
+from autotune.memory.advice import first_aid
 from autotune.memory.gpus import gpu_memory_gib
 from autotune.memory.model import Architecture, MemoryModel
 from autotune.models.names import model_name_or_path, registry_name
@@ -195,3 +196,16 @@ def test_the_article_yaml_and_an_override_file_read_one_layout(scenario, tmp_pat
         options = {"gpus": gpus, "gpu": gpu, "cores": 64}
         yaml_peak = check(CheckOptions(path=path, **options)).memory["predicted_peak_bytes"]
         assert check(CheckOptions(path=override, **options)).memory["predicted_peak_bytes"] == yaml_peak
+
+
+def test_sharding_is_proposed_first_when_it_suffices():
+    """§5.1 held replicated (NO_SHARD) on two GPUs, with a limit between its replicated and sharded peaks:
+    sharding the states alone fits, so first aid says that before any batch or length."""
+    path, gpus, _ = ARTICLE["5.1"]
+    model = _study_model(path, gpus)
+    replicated = dataclasses.replace(read_target(path).config, sharding="replicate")
+    sharded = dataclasses.replace(replicated, sharding="full_shard")
+    limit = (model.predict(replicated) + model.predict(sharded)) / 2
+    fix = first_aid(model, replicated, limit)
+    assert fix.startswith("sharding: full_shard (FSDP: states ÷ 2) alone:") and "fits" in fix.split(";")[0]
+    assert fix.index("alone") < fix.index("micro_batch_size")
