@@ -502,7 +502,10 @@ def test_a_wrong_holding_is_one_line(knobs, message):
 def test_offload_is_sampled_only_for_sharded_states():
     space = tiny_space(
         gpus=2,
+        tune=[],  # a fixed recipe: the params are the config exactly (with T or M tuned, see below)
         knobs={
+            "train_batch_size": 32,
+            "mini_batch_size": 16,
             "sharding": {"choices": ["replicate", "full_shard"]},
             "optimizer_offload": {"choices": [False, True]},
         },
@@ -562,7 +565,8 @@ def test_tuned_lengths_are_powers_of_two_or_linear_with_a_step():
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=4))
     trial = study.ask()
     sample_config(space, trial)
-    assert {"log2_max_prompt_length", "max_response_length"} <= set(trial.params)
+    assert {"max_prompt_length", "max_response_length"} <= set(trial.params)
+    assert trial.params["max_prompt_length"] in (16, 32, 64)
 
 
 def test_unknown_space_name_lists_the_shipped_ones(tmp_path):

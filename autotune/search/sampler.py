@@ -11,9 +11,11 @@ both models. The objective is one: samples/sec under the memory constraint — t
 end of the Pareto front, which a two-objective sampler spends probes on, is not what the report hands over.
 
 It is an Optuna sampler, so storage, resume, workers, the Optuna CLI and the dashboard work as with any:
-the chosen configuration is handed to `sample_config` parameter by parameter (`config_to_params`).
-Enqueued trials (the hand-made configs, retries) keep their own parameters. Configurations being probed by
-running trials (other threads or workers) are not proposed again.
+the chosen configuration is handed to `sample_config` parameter by parameter (`config_to_params`: the knobs
+by name and real value). Enqueued trials (the hand-made configs, retries) keep their own parameters; one
+enqueued by an older version, with `log2_...` exponents Optuna no longer asks for, is read with
+`upgrade_params`. Configurations being probed by running trials (other threads or workers) are not proposed
+again.
 """
 
 from __future__ import annotations
@@ -31,7 +33,15 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import MemoryModel
 from autotune.search.policy import calibrated
-from autotune.search.space import MEMORY_EQUAL_FIELDS, SearchSpace, at_least_as_large, config_to_params
+from autotune.search.space import (
+    LEGACY_PREFIX,
+    MEMORY_EQUAL_FIELDS,
+    SearchSpace,
+    at_least_as_large,
+    config_to_params,
+    sample_config,
+    upgrade_params,
+)
 from autotune.search.study import Budget, config_key, measured_ok, trial_config
 from autotune.search.surrogate import Observation, SpeedModel
 from autotune.status import Attr, Status
@@ -75,14 +85,30 @@ class SystemSampler(optuna.samplers.BaseSampler):
     ) -> Any:
         with self._lock:
             if trial._trial_id not in self._targets:
-                chosen = self._choose(study)
-                params = config_to_params(self.space, chosen) if chosen is not None else None
-                self._targets[trial._trial_id] = (chosen, params) if params is not None else None
+                self._targets[trial._trial_id] = self._legacy_target(trial) or self._target(study)
             target = self._targets[trial._trial_id]
         value = target[1].get(param_name) if target is not None else None
         if value is not None and _fits(param_distribution, value):
             return value
         return self._random.sample_independent(study, trial, param_name, param_distribution)
+
+    def _target(self, study: optuna.Study) -> tuple[ProbeConfig, dict[str, Any]] | None:
+        chosen = self._choose(study)
+        params = config_to_params(self.space, chosen) if chosen is not None else None
+        return (chosen, params) if params is not None else None
+
+    def _legacy_target(self, trial: FrozenTrial) -> tuple[ProbeConfig, dict[str, Any]] | None:
+        """The configuration of a trial enqueued before the readable parameter names (a retry or a hand-made
+        config waiting in an older study): Optuna asks for knob names, its fixed params hold exponents."""
+        fixed = trial.system_attrs.get("fixed_params") or {}
+        if not any(name.startswith(LEGACY_PREFIX) for name in fixed):
+            return None
+        try:
+            config = sample_config(self.space, optuna.trial.FixedTrial(upgrade_params(self.space, fixed)))
+        except ValueError:  # a knob the old study did not search: the space changed, choose afresh
+            return None
+        params = config_to_params(self.space, config)
+        return (config, params) if params is not None else None
 
     def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Any) -> None:
         with self._lock:

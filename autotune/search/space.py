@@ -14,25 +14,31 @@ over them drifts to another algorithm. Each must be one value unless the top-lev
 report then flags it. System knobs (`SYSTEM_KNOBS`: rollout batch, micro batches, workers, checkpointing,
 sharding, offload) change speed and memory only; the study searches them.
 
-Valid by construction. Optuna forbids changing a categorical's choices between trials, but an integer
-range may change from trial to trial. So the batch knobs are sampled as exponents, with `trial.suggest_int`,
-in a fixed order, each range clipped by the choices made before it. With W = gpus, n = rollout_n, the unit
-u = W·n and v = v2(n) (the exponent of 2 in n):
+Valid by construction. The batch knobs are chosen in a fixed order, each range clipped by the choices made
+before it. With W = gpus, n = rollout_n, the unit u = W·n and v = v2(n) (the exponent of 2 in n):
 
-    knob                        value     Optuna param                      range        ensures
-    train_batch_size           T  = u·2^b  log2_train_batch_units            [b_lo, b_hi]
-    mini_batch_size            M  = u·2^c  log2_mini_batch_units             c <= b       T % M == 0
-    rollout_batch_size         R  = u·2^a  log2_rollout_batch_units          a <= b       T % R == 0
-    micro_batch_size           m  = 2^i    log2_micro_batch_size             i <= c+v     m divides M/W
-    log_prob_micro_batch_size  lm = 2^l    log2_log_prob_micro_batch_size    l <= b+v     lm divides T/W
+    knob                        value     range        ensures
+    train_batch_size           T  = u·2^b  [b_lo, b_hi]
+    mini_batch_size            M  = u·2^c  c <= b       T % M == 0
+    rollout_batch_size         R  = u·2^a  a <= b       T % R == 0
+    micro_batch_size           m  = 2^i    i <= c+v     m divides M/W
+    log_prob_micro_batch_size  lm = 2^l    l <= b+v     lm divides T/W
 
 M is samples per optimizer step (verl's ppo_mini_batch_size × rollout_n); the gradient accumulation steps
 are derived, g = M/(W·m), and fill ProbeConfig's field, so T % (m·g·W) == 0 holds. R % W == 0 and whole
 prompt groups per rank (R % (W·n) == 0) hold because R is a multiple of u. b's own lower bound already
 accounts for the knobs after it (and c's for m), so every choice leaves at least one valid completion, and
 the clipped ranges hold exactly the valid configurations: sampling reaches all of them and nothing else.
-(Multivariate samplers model only parameters whose range never changes; the clipped ones are sampled
-independently. That is the price of validity by construction.)
+
+Optuna parameters are the knobs themselves, by name and real value, so Optuna's tools (the dashboard, `optuna
+trials`) read like the space file. A power-of-two knob (the batch knobs, a `{min, max}` length) is a
+categorical over every value it can take in the space (`reach`); a categorical's choices must stay the same
+across a study's trials, and the reach does (only the clipping moves). When the recipe is fixed (T and M one
+value each, every shipped space) no clipping moves either: any sampler draws only valid configurations. When
+`tune:` searches T or M, a later knob's range depends on them; a generic sampler (TPE, random) may then draw a
+value outside it, and the nearest value inside is used (the trial's `config` attribute says what ran; the
+study's own sampler and the enqueued configs always ask for valid ones). Studies written before this kept
+exponents (`log2_micro_batch_size`, T, M and R as `log2_<knob>_units`): `upgrade_params` reads them.
 
 Lengths, workers, gradient checkpointing and the holding (sharding, offload) are independent of the batch
 knobs: a fixed list of choices is a categorical, a range is an integer (`{min, max}` of a length: powers of
@@ -105,6 +111,7 @@ from autotune.errors import UserError
 __all__ = [
     "HOLDING_KNOBS",
     "KNOBS",
+    "LEGACY_PREFIX",
     "MEMORY_EQUAL_FIELDS",
     "MEMORY_MONOTONE_KNOBS",
     "OFFLOAD_KNOBS",
@@ -127,6 +134,7 @@ __all__ = [
     "sample_config",
     "shipped_spaces",
     "space_from_dict",
+    "upgrade_params",
 ]
 
 TRAIN, MINI, ROLLOUT = "train_batch_size", "mini_batch_size", "rollout_batch_size"
@@ -151,6 +159,8 @@ OPTIONAL_KNOBS: dict[str, Any] = {  # omitted -> this value (verl's defaults)
     SHARDING: "replicate",
     **dict.fromkeys(OFFLOAD_KNOBS, False),
 }
+
+LEGACY_PREFIX = "log2_"  # how studies before the readable parameters named an exponent
 
 # Kinds of KnobSpec.
 FIXED, CHOICES, POW2, LINEAR = "fixed", "choices", "pow2", "linear"
@@ -223,12 +233,17 @@ class KnobSpec:
 
     @property
     def param(self) -> str:
-        """The Optuna parameter name (exponents say so: `log2_...`; T, M and R count units of W·n)."""
+        """The Optuna parameter name: the knob's own, with its real values (see the module docstring)."""
+        return self.name
+
+    @property
+    def legacy_param(self) -> str | None:
+        """The name older studies gave an exponent knob (`log2_...`; T, M and R counted units of W·n)."""
         if self.kind != POW2:
-            return self.name
+            return None
         if self.name in UNIT_KNOBS:
-            return f"log2_{self.name.removesuffix('_size')}_units"
-        return f"log2_{self.name}"
+            return f"{LEGACY_PREFIX}{self.name.removesuffix('_size')}_units"
+        return f"{LEGACY_PREFIX}{self.name}"
 
     @property
     def searched(self) -> bool:
@@ -471,6 +486,22 @@ def _exponent_tuples(space: SearchSpace) -> Iterator[dict[str, int]]:
     yield from extend({}, 0)
 
 
+def _reach(space: SearchSpace) -> dict[str, tuple[int, int]]:
+    """Each batch knob's exponents over every valid configuration: its range with the knobs before it at
+    their largest (the lower bounds never move, and every value in a range has a completion)."""
+    chosen: dict[str, int] = {}
+    reach = {}
+    for spec in _pow2_specs(space):
+        reach[spec.name] = _bounds(space, spec.name, chosen)
+        chosen[spec.name] = reach[spec.name][1]
+    return reach
+
+
+def _choices(spec: KnobSpec, exponents: tuple[int, int]) -> list[int]:
+    """A power-of-two knob's categorical choices: the same for every trial of a study (Optuna requires it)."""
+    return [spec.value(e) for e in range(exponents[0], exponents[1] + 1)]
+
+
 def sample_config(space: SearchSpace, trial: Any) -> ProbeConfig:
     """One configuration from an Optuna trial (`Trial`, `FixedTrial`), valid by construction.
 
@@ -479,9 +510,9 @@ def sample_config(space: SearchSpace, trial: Any) -> ProbeConfig:
     """
     values: dict[str, Any] = {}
     chosen: dict[str, int] = {}
-    for spec in _pow2_specs(space):
+    for spec, reach in zip(_pow2_specs(space), _reach(space).values(), strict=True):
         low, high = _bounds(space, spec.name, chosen)
-        chosen[spec.name] = trial.suggest_int(spec.param, low, high) if spec.searched else low
+        chosen[spec.name] = _suggest_exponent(spec, trial, reach, low, high)
         values[spec.name] = spec.value(chosen[spec.name])
     for spec in space.knobs:  # in KNOBS order: sharding before the offload knobs
         if spec.name in values:
@@ -493,6 +524,17 @@ def sample_config(space: SearchSpace, trial: Any) -> ProbeConfig:
     return space.probe_config(values)
 
 
+def _suggest_exponent(spec: KnobSpec, trial: Any, reach: tuple[int, int], low: int, high: int) -> int:
+    """A batch knob's exponent in [low, high], asked as its real value over its whole reach. Outside the
+    range only when `tune:` searches T or M and a generic sampler draws past a clipped bound: the nearest
+    value inside keeps the configuration valid."""
+    if reach[0] == reach[1]:
+        return low
+    exponent = spec.exponent(trial.suggest_categorical(spec.param, _choices(spec, reach)))
+    assert exponent is not None  # every choice is unit·2^e
+    return min(max(exponent, low), high)
+
+
 def _suggest(spec: KnobSpec, trial: Any, cores: int) -> Any:
     if spec.kind == FIXED:
         return spec.choices[0]
@@ -500,9 +542,22 @@ def _suggest(spec: KnobSpec, trial: Any, cores: int) -> Any:
         return trial.suggest_categorical(spec.param, list(spec.choices))
     if not spec.searched:
         return spec.values(cores)[0]
-    if spec.kind == POW2:  # a length
-        return spec.value(trial.suggest_int(spec.param, spec.low, spec.high))
+    if spec.kind == POW2:  # a length: its values, like the batch knobs'
+        return trial.suggest_categorical(spec.param, list(spec.values()))
     return trial.suggest_int(spec.param, spec.low, spec.linear_high(cores), step=spec.step)
+
+
+def upgrade_params(space: SearchSpace, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Parameters of a study written before the readable names: each `log2_...` exponent becomes its knob
+    and real value (unit·2^e); other names are kept. For resuming such a study and for reports."""
+    upgraded = dict(params)
+    for spec in space.knobs:
+        legacy = spec.legacy_param
+        if legacy is not None and legacy in upgraded:
+            exponent = upgraded.pop(legacy)
+            if is_int(exponent):
+                upgraded[spec.name] = spec.value(exponent)
+    return upgraded
 
 
 def misfits(space: SearchSpace, config: ProbeConfig) -> list[str]:
@@ -529,6 +584,7 @@ def _params_and_misfits(space: SearchSpace, config: ProbeConfig) -> tuple[dict[s
         if getattr(config, key) != value and not (key in ("lora_r", "lora_alpha") and not space.lora.enabled)
     ]
     chosen: dict[str, int] = {}
+    reach = _reach(space)
     for spec in _pow2_specs(space):
         value = knob_value(config, spec.name, space.gpus)
         if spec.name == LOGPROB and value is None:
@@ -547,8 +603,8 @@ def _params_and_misfits(space: SearchSpace, config: ProbeConfig) -> tuple[dict[s
             )
             continue
         chosen[spec.name] = exponent
-        if spec.searched:
-            params[spec.param] = exponent
+        if reach[spec.name][0] < reach[spec.name][1]:
+            params[spec.param] = value
     for spec in space.knobs:
         if spec.name in EXPONENT_ORDER and spec.kind == POW2:
             continue
@@ -567,7 +623,7 @@ def _params_and_misfits(space: SearchSpace, config: ProbeConfig) -> tuple[dict[s
         elif value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
             problems.append(f"{spec.name}={show(value)}: not one of {show(list(allowed))}")
         elif spec.searched:
-            params[spec.param] = spec.exponent(value) if spec.kind == POW2 else value
+            params[spec.param] = value
     return params, problems
 
 
