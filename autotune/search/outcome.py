@@ -3,7 +3,10 @@
 - ok, oom, timeout, predicted_oom, inferred_oom: COMPLETE with values (samples/sec, peak bytes) and the
   constraints `memory` (peak − budget·(1 − headroom)) and `runs` (1 when it did not run through). An OOM has
   0 samples/sec and a positive violation, so that TPE, NSGA-II and GP all learn where the wall is: a FAIL
-  trial is ignored by every sampler.
+  trial is ignored by every sampler. Optuna's `study.best_trials` (and `optuna best-trials`) keeps only
+  trials whose constraints are all <= 0: ok probes within the limit. The never-launched statuses stay
+  COMPLETE rather than PRUNED (which has no values): the sampler, the pruning and the report read their
+  peaks, and their `runs` violation keeps them off the front.
 - crashed, interrupted, surplus: FAIL (infrastructure, or a bug: not a property the sampler should learn).
   An interrupted trial is re-queued, to be measured by the next run of the same command.
 """
@@ -24,6 +27,7 @@ from autotune.status import FAILED, Attr, Status
 
 __all__ = ["Outcome", "outcome_from_dict", "outcome_from_result", "outcome_to_dict", "record_outcome"]
 
+DASHBOARD_CONSTRAINTS_KEY = "constraints"  # optuna.study._constrained_optimization._CONSTRAINTS_KEY
 RESULT_KEYS = (  # the probe's figures worth keeping with the trial (the stderr tail only when it failed)
     "status",
     "oom_kind",
@@ -93,10 +97,24 @@ def record_outcome(study: optuna.Study, trial: optuna.Trial, outcome: Outcome, b
         if outcome.status == Status.INTERRUPTED and Attr.RETRY_OF not in trial.user_attrs:
             retry_once(study, trial.params, trial.number, trial.user_attrs)  # measured by a later step
     else:
-        trial.set_constraint("memory", outcome.peak_bytes - budget.limit)
-        trial.set_constraint("runs", 0.0 if outcome.status == Status.OK else 1.0)
+        _set_constraints(study, trial, outcome, budget)
         study.tell(trial, [outcome.samples_per_sec, float(outcome.peak_bytes)])
     return study._storage.get_trial(trial._trial_id)
+
+
+def _set_constraints(study: optuna.Study, trial: optuna.Trial, outcome: Outcome, budget: Budget) -> None:
+    """Named constraints, as Optuna 5 stores them (`constraints:<name>`), and the same values as the one list
+    Optuna's samplers store for a `constraints_func` (`constraints`): optuna-dashboard reads only that list
+    to show a trial infeasible. Optuna reads both; each violates or holds alike, so feasibility is one."""
+    constraints = {
+        "memory": float(outcome.peak_bytes - budget.limit),
+        "runs": 0.0 if outcome.status == Status.OK else 1.0,
+    }
+    for name, value in constraints.items():
+        trial.set_constraint(name, value)
+    study._storage.set_trial_system_attr(
+        trial._trial_id, DASHBOARD_CONSTRAINTS_KEY, list(constraints.values())
+    )
 
 
 def outcome_to_dict(outcome: Outcome) -> dict[str, Any]:
