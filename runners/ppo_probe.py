@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autotune.probe.conditions import CpuWindow
 from autotune.probe.contract import MMAP_THRESHOLD, OOM_EXIT_CODE
 from autotune.status import Status
 
@@ -143,7 +144,9 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     ]
     if sampler:
         sampler.measuring(True)
+    window = CpuWindow()  # what other work took of the machine while these iterations were measured
     measured = [iteration(models, ctx, batches, generator) for _ in range(settings["iterations"])]
+    cpu = window.stop()
     utilization = sampler.stop() if sampler else None
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
@@ -157,6 +160,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
         "peak": {**peak_memory(device.type, sampler), "state_bytes": state_bytes(models, device.type)},
         "gpu_utilization": utilization,
         "environment": environment(device),
+        "cpu": cpu,
     }
 
 

@@ -30,6 +30,7 @@ from typing import Any
 from autotune.config.knobs import ProbeConfig
 from autotune.probe import forkserver
 from autotune.probe.classify import classify
+from autotune.probe.conditions import gpu_others, load_average, other_cores
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.probe.forkserver import ForkedRank, ForkServerError
 from autotune.status import Status
@@ -184,6 +185,10 @@ def run_probe(
         job_path = out_dir / "job.json"
         job_path.write_text(json.dumps({"config": config.to_dict(), "settings": asdict(settings)}))
         server = forkserver.get()  # started once per tuner, before the clock: not this probe's cost
+        load_start, gpus = (
+            load_average(),
+            gpu_others(settings.visible_devices) if settings.device == "cuda" else None,
+        )
         started = time.monotonic()
         procs = _spawn_ranks(job_path, out_dir, settings, program, server)
         forked = [p for p in procs if isinstance(p, ForkedRank)]
@@ -200,6 +205,16 @@ def run_probe(
         result = summarize(
             config, settings, rank_results, codes, timed_out, wall, _stderr_tail(out_dir, len(procs))
         )
+        result.environment = {
+            **result.environment,
+            "load": {
+                "other_cores": other_cores([r.get("cpu") if r else None for r in rank_results]),
+                "cores": os.cpu_count(),
+                "load_1m_start": load_start,
+                "load_1m_end": load_average(),
+                **({"gpus": gpus} if gpus is not None else {}),
+            },
+        }
         if result.status == Status.CRASHED and server is not None and not server.alive and procs[0] in forked:
             # The fork server died (killed, or out of memory itself) and its ranks with it: no verdict on
             # the configuration. The next probe gets a new server.

@@ -1,0 +1,175 @@
+"""The conditions a probe ran in: how much of the machine other work took while it was measured.
+
+A probe's samples/sec is only comparable with another's when both had the machine to themselves: on a shared
+2-core box a load of 6 made the same configuration 3x slower. So each probe records
+- on every device, the cores other work kept busy during the measured iterations: the machine's busy CPU
+  time (/proc/stat) less the CPU time of the probe's own ranks and their children, over the window's wall
+  time, with the 1-minute load average at the probe's start and end beside it;
+- on CUDA, the memory and utilisation the slot's GPUs showed before the probe's ranks started (NVML): what
+  other processes held.
+`disturbance` says when that is enough to matter. Linux only; elsewhere the figures are absent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.units import GIB
+
+__all__ = [
+    "CpuWindow",
+    "disturbance",
+    "gpu_others",
+    "load_average",
+    "machine_busy_seconds",
+    "other_cores",
+    "tree_cpu_seconds",
+    "worst_disturbance",
+]
+
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+OTHER_CORES_FLOOR = 0.25  # other work below a quarter of a core is noise (the tuner's own threads, daemons)
+OTHER_CORES_SHARE = 0.10  # ... or below a tenth of the machine's cores
+GPU_OTHER_BYTES = GIB  # more than a CUDA context's worth of memory held by someone else
+GPU_OTHER_UTILIZATION = 10.0  # percent
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU seconds all cores spent not idle since boot (/proc/stat's first line); None off Linux."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    values = [int(value) for value in fields]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    guest = sum(values[8:10]) if len(values) > 9 else 0  # already counted in user and nice
+    return (sum(values) - idle - guest) / TICKS
+
+
+def _process_table() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, user + system CPU seconds) of every process /proc shows."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            table[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / TICKS)
+    return table
+
+
+def tree_cpu_seconds(pid: int | None = None) -> float:
+    """User + system CPU seconds of a process (every thread) and its living descendants (DataLoader
+    workers); 0 where /proc cannot be read."""
+    table = _process_table() if Path("/proc").is_dir() else {}
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in table.items():
+        children.setdefault(parent, []).append(child)
+    total, todo = 0.0, [pid or os.getpid()]
+    while todo:
+        current = todo.pop()
+        total += table.get(current, (0, 0.0))[1]
+        todo += children.get(current, [])
+    return total
+
+
+def load_average() -> float | None:
+    with contextlib.suppress(OSError, AttributeError):
+        return round(os.getloadavg()[0], 2)
+    return None
+
+
+class CpuWindow:
+    """A rank's measured iterations: its own CPU time and (where it can be read) the machine's."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.own = tree_cpu_seconds()
+        self.machine = machine_busy_seconds()
+
+    def stop(self) -> dict[str, float | None]:
+        machine = machine_busy_seconds()
+        return {
+            "wall_seconds": time.monotonic() - self.started,
+            "own_cpu_seconds": tree_cpu_seconds() - self.own,
+            "machine_busy_seconds": None
+            if machine is None or self.machine is None
+            else machine - self.machine,
+        }
+
+
+def other_cores(windows: list[dict[str, Any] | None]) -> float | None:
+    """Cores other work kept busy during the ranks' measured iterations (rank 0's window; every rank's own
+    CPU time subtracted); None when a rank did not report or the machine's figure is unknown."""
+    if not windows or any(w is None for w in windows):
+        return None
+    lead = windows[0]
+    machine, wall = lead.get("machine_busy_seconds"), lead.get("wall_seconds") or 0.0
+    if machine is None or wall <= 0:
+        return None
+    own = sum(float(w.get("own_cpu_seconds") or 0.0) for w in windows)
+    return round(max(0.0, (machine - own) / wall), 2)
+
+
+def gpu_others(visible_devices: str | None) -> list[dict[str, Any]] | None:
+    """Memory and utilisation of the slot's GPUs before the probe's ranks exist (NVML, no CUDA context in
+    the tuner): all of it belongs to other processes. None without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no NVML (a CPU machine or no driver)
+        return None
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        wanted = [item.strip() for item in (visible_devices or "").split(",") if item.strip()]
+        indices = [int(item) for item in wanted if item.isdigit()] or list(range(count))
+        found = []
+        for index in indices:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            found.append(
+                {
+                    "index": index,
+                    "used_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(handle).used),
+                    "utilization": float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                }
+            )
+        return found
+    except Exception:
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def worst_disturbance(environments: list[dict[str, Any]]) -> str:
+    """One text for several probes: the most other work any of them saw, '' when none mattered."""
+    disturbed = [env for env in environments if disturbance(env)]
+    if not disturbed:
+        return ""
+    loads = [env.get("load") or {} for env in disturbed]
+    busiest = max(loads, key=lambda load: load.get("other_cores") or 0.0)
+    gpus = [gpu for load in loads for gpu in load.get("gpus") or []]
+    worst = {**busiest, "gpus": sorted(gpus, key=lambda gpu: -gpu["used_bytes"])[:1]}
+    return disturbance({"load": worst}).replace(" kept ", " kept up to ").replace(" had ", " had up to ")
+
+
+def disturbance(environment: dict[str, Any], cores: int | None = None) -> str:
+    """What other work took during a probe when it is enough to matter, else ''."""
+    load = environment.get("load") or {}
+    cores = cores or load.get("cores") or os.cpu_count() or 1
+    said = []
+    busy = load.get("other_cores")
+    if busy is not None and busy >= max(OTHER_CORES_FLOOR, OTHER_CORES_SHARE * cores):
+        said.append(f"other work kept {busy:.1f} of {cores} cores busy")
+    for gpu in load.get("gpus") or []:
+        if gpu["used_bytes"] > GPU_OTHER_BYTES or gpu["utilization"] > GPU_OTHER_UTILIZATION:
+            said.append(
+                f"GPU {gpu['index']} had {gpu['used_bytes'] / GIB:.1f} GiB and {gpu['utilization']:.0f}% "
+                f"in use by others"
+            )
+    return "; ".join(said)
