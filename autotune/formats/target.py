@@ -59,6 +59,13 @@ class Target:
     measured: Measured | None = None  # best_config.yaml's measurement, when it has a usable one
     layout_assumed: bool = False  # the file names no sharding: DEFAULT_LAYOUT was applied
 
+    def __post_init__(self) -> None:
+        # YAML and Hydra type a bare `1` or `true` as a number or a boolean; a model path is text.
+        for name in ("model", "reward_model"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                setattr(self, name, str(value))
+
 
 def looks_like_overrides(text: str) -> bool:
     """Every non-comment line is a Hydra override `key=value` (verl_overrides.txt)."""

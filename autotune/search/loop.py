@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from autotune.probe.conditions import disturbance
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report.selection import best_feasible
-from autotune.search import pick
+from autotune.search import gain, pick
 from autotune.search.coordination import SWEEP_SECONDS, recover_stale_trials
+from autotune.search.live import Narrator, eta_text, probing_text, short_config, trial_line
 from autotune.search.slots import Slot, oversubscribed
 from autotune.search.study import finished_trials, status_counts, trial_status
 from autotune.search.tuner import Tuner
@@ -27,14 +29,18 @@ from autotune.units import GIB
 
 __all__ = [
     "CRASH_STREAK_LIMIT",
+    "TIME_SPENT",
     "TRIALS_DONE",
+    "LiveView",
     "SlotLoop",
     "StopControl",
+    "control_stopped",
     "keep_trying",
     "print_summary",
     "probe_study",
     "progress_line",
     "replay_pending",
+    "settle_gain",
     "settle_pick",
     "tune",
 ]
@@ -70,13 +76,42 @@ class StopControl:
             )
             return
         self.stop_requested = True
-        self.stop_reason = f"stopped by {name}"
+        self.stop_reason = f"{STOPPED_BY}{name}"
         self.console.print(
             f"[yellow]{name}: finishing the running probe, then stopping ({name} again kills it)[/yellow]"
         )
 
 
-def progress_line(tuner: Tuner) -> str:
+@dataclass
+class LiveView:
+    """What a run shows as it goes: the narrator (terminal and run.log), the recipe knobs the study searches
+    (they appear in the short form of a configuration), and the pace for the ETA."""
+
+    narrator: Narrator
+    searched_recipe: tuple[str, ...] = ()
+    trials: int = 0
+    slots: int = 1
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    done_at_start: int = 0
+
+    def finished(self, trial) -> None:
+        self.narrator.say(trial_line(trial, self.searched_recipe), markup=False)
+
+    def probing(self, number: int, config) -> None:
+        line = f"#{number:<3} probing        {short_config(config, self.searched_recipe)}"
+        if self.narrator.console.is_terminal:
+            self.narrator.log(line)  # the status line shows it on a terminal
+        else:
+            self.narrator.say(line, markup=False)
+
+    def eta(self, tuner: Tuner, finished: list) -> str:
+        walls = [float((t.user_attrs.get(Attr.RESULT) or {}).get("wall_seconds") or 0.0) for t in finished]
+        elapsed = time.monotonic() - self.started
+        done_now = len(finished) - self.done_at_start
+        return eta_text(done_now, self.trials - len(finished), elapsed, [w for w in walls if w], self.slots)
+
+
+def progress_line(tuner: Tuner, view: LiveView | None = None) -> str:
     counts = status_counts(tuner.study)
     shown = " ".join(f"{status}={count}" for status, count in sorted(counts.items()))
     best = best_feasible(tuner.study, tuner.budget)
@@ -85,10 +120,26 @@ def progress_line(tuner: Tuner) -> str:
         if best
         else "no feasible trial yet"
     )
-    return f"{shown} | {best_text}"
+    parts = [shown, best_text]
+    if view is not None:
+        parts += [
+            probing_text(dict(tuner.active), view.searched_recipe),
+            view.eta(tuner, finished_trials(tuner.study)),
+        ]
+    return " | ".join(part for part in parts if part)
 
 
 TRIALS_DONE = "trial count reached"  # why a study stopped when it did all it was asked to
+TIME_SPENT = "time budget spent"  # --time-budget: a planned end, not an interruption
+KILLED = "probe killed by a second Ctrl-C"
+STOPPED_BY = "stopped by "  # + the signal's name (StopControl)
+
+
+def control_stopped(reason: str) -> bool:
+    """A person (Ctrl-C) or a scheduler (SIGTERM) stopped the run: it did not end by itself."""
+    return reason == KILLED or reason.startswith(STOPPED_BY)
+
+
 CRASH_STREAK_LIMIT = 5  # probes in a row that crash: something is wrong with the setup, not the configs
 
 
@@ -100,6 +151,7 @@ class SlotLoop:
     trials: int
     deadline: float | None
     control: StopControl
+    view: LiveView | None = None
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     reason: str = ""
     error: BaseException | None = None
@@ -117,7 +169,7 @@ class SlotLoop:
         if self.control.stop_requested:
             self.halt(self.control.stop_reason)
         elif self.deadline is not None and time.monotonic() >= self.deadline:
-            self.halt("time budget spent")
+            self.halt(TIME_SPENT)
         return self.stop.is_set()
 
     def note(self, trial) -> None:
@@ -143,6 +195,8 @@ class SlotLoop:
                 trial = self.tuner.step(cancel=self.control.cancel, settings=settings, quota=self.trials)
                 if trial is not None:
                     self.note(trial)
+                    if self.view is not None:
+                        self.view.finished(trial)
                     continue
                 study, retry = self.tuner.study, self.tuner.retry
                 if len(retry(functools.partial(finished_trials, study), "counting trials")) >= self.trials:
@@ -158,7 +212,12 @@ class SlotLoop:
 
 
 def tune(
-    tuner: Tuner, trials: int, deadline: float | None, console: Console, slots: list[Slot] | None = None
+    tuner: Tuner,
+    trials: int,
+    deadline: float | None,
+    console: Console,
+    slots: list[Slot] | None = None,
+    view: LiveView | None = None,
 ) -> str:
     """Run trials on every slot until `trials` are complete; returns why it stopped (raises the first
     error a slot hit, such as the storage going away for good, once every slot has stopped)."""
@@ -175,11 +234,14 @@ def tune(
             transient=False,
         ) as progress,
     ):
-        loop = SlotLoop(tuner, trials, deadline, control)
+        loop = SlotLoop(tuner, trials, deadline, control, view)
         tuner.cancel = control.cancel
-        task = progress.add_task(
-            progress_line(tuner), total=trials, completed=len(finished_trials(tuner.study))
-        )
+        done = len(finished_trials(tuner.study))
+        if view is not None:
+            view.trials, view.slots, view.done_at_start = trials, len(slots), done
+            view.started = time.monotonic()
+            tuner.on_probe_start = view.probing
+        task = progress.add_task(progress_line(tuner, view), total=trials, completed=done)
         threads = [
             threading.Thread(target=loop.run_slot, args=(slot,), name=f"slot-{slot.index}", daemon=True)
             for slot in slots
@@ -191,17 +253,22 @@ def tune(
                 thread.join(timeout=0.5 / len(threads))
             with contextlib.suppress(Exception):  # a storage outage: the slots report it
                 progress.update(
-                    task, completed=len(finished_trials(tuner.study)), description=progress_line(tuner)
+                    task, completed=len(finished_trials(tuner.study)), description=progress_line(tuner, view)
                 )
     if loop.error is not None:
         raise loop.error
     if control.cancel.is_set():
-        return "probe killed by a second Ctrl-C"
+        return KILLED
     return loop.reason or TRIALS_DONE
 
 
 def probe_study(
-    tuner: Tuner, trials: int, time_budget: float | None, slots: list[Slot], console: Console
+    tuner: Tuner,
+    trials: int,
+    time_budget: float | None,
+    slots: list[Slot],
+    console: Console,
+    view: LiveView | None = None,
 ) -> str:
     """Recover what dead tuners left, record what an outage kept back, then probe on every slot until
     `trials` are complete (shared by `autotune run` and `autotune worker`)."""
@@ -221,10 +288,14 @@ def probe_study(
     deadline = time.monotonic() + time_budget if time_budget else None
     started = time.monotonic()
     try:
-        reason = tune(tuner, trials, deadline, console, slots)
+        reason = tune(tuner, trials, deadline, console, slots, view)
     finally:
         keep_trying(tuner, console)
-    console.print(f"stopped: {reason} after {time.monotonic() - started:.0f} s")
+    stopped = f"stopped: {reason} after {time.monotonic() - started:.0f} s"
+    if view is not None:
+        view.narrator.say(stopped, markup=False)
+    else:
+        console.print(stopped)
     return reason
 
 
@@ -269,6 +340,59 @@ def settle_pick(tuner: Tuner, settings: ProbeSettings, console: Console) -> int:
         except Exception as exc:  # the storage went away: the pick goes by what was kept
             console.print(f"[yellow]re-measuring stopped: {type(exc).__name__}: {exc}[/yellow]")
             return 0
+
+
+def settle_gain(tuner: Tuner, settings: ProbeSettings, narrator: Narrator) -> gain.Comparison | None:
+    """Probe the recommended configuration and the hand-made ones back to back, alternating, so that the gain
+    compares measurements taken in the same conditions; skipped when the study already holds such a
+    comparison for this recommendation (a finished study run again)."""
+    study = tuner.study
+    winner = best_feasible(study, tuner.budget)
+    if winner is None:
+        return None
+    rivals = gain.hand_made_rivals(finished_trials(study), winner)
+    if not rivals:
+        return None
+    kept = gain.comparison_for(study, winner.number)
+    if kept is not None and all(str(t.number) in kept.measurements for t in rivals):
+        return kept
+    names = ", ".join(f"'{t.user_attrs[Attr.SEED_CONFIG]}' (#{t.number})" for t in rivals)
+
+    def say(text: str) -> None:
+        narrator.say(text, markup=False)
+
+    say(
+        f"measuring the gain: the recommended #{winner.number} and the hand-made {names} probed in turn, "
+        f"{gain.ROUNDS} times each, in the same conditions"
+    )
+
+    def show(trial, result: ProbeResult) -> None:
+        label = trial.user_attrs.get(Attr.SEED_CONFIG)
+        who = f"hand-made '{label}'" if label and trial.number != winner.number else "recommended"
+        busy = disturbance(result.environment)
+        say(
+            f"  #{trial.number} ({who}): {result.status} {result.samples_per_sec:.3f} samples/s, "
+            f"{result.peak_memory_bytes / GIB:.3f} GiB" + (f" [{busy}]" if busy else "")
+        )
+
+    with StopControl(narrator.console) as control:
+        try:
+            comparison = gain.compare(
+                study,
+                winner,
+                rivals,
+                tuner.probe,
+                settings,
+                cancel=control.cancel,
+                on_result=show,
+                should_stop=lambda: control.stop_requested,
+            )
+        except Exception as exc:  # the storage went away: the gain goes by the first measurements
+            say(f"measuring the gain stopped: {type(exc).__name__}: {exc}")
+            return None
+    if comparison is None:
+        say("the gain was not measured back to back (stopped): the report compares the first measurements")
+    return comparison
 
 
 def keep_trying(tuner: Tuner, console: Console, every: float = 5.0) -> None:

@@ -100,6 +100,7 @@ class RunOptions:
     train_batch_size: int | None = None  # fixes the recipe's T (overrides the space's value or range)
     mini_batch_size: int | None = None  # fixes the recipe's M, samples per optimizer step
     tune: list[str] | None = None  # recipe knobs to search as well (an algorithm change: the report says so)
+    json: bool = False  # print summary.json on stdout; everything else goes to stderr
 
 
 def default_study_name(space_name: str, model: str, gpus: int, fingerprint: str) -> str:

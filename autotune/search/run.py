@@ -10,7 +10,17 @@ from rich.console import Console
 
 from autotune.files import hold_lock, make_folder
 from autotune.report.tables import recipe_lines
-from autotune.search.loop import TRIALS_DONE, print_summary, probe_study, settle_pick
+from autotune.search.live import LEGEND, RUN_LOG, Narrator
+from autotune.search.loop import (
+    TIME_SPENT,
+    TRIALS_DONE,
+    LiveView,
+    control_stopped,
+    print_summary,
+    probe_study,
+    settle_gain,
+    settle_pick,
+)
 from autotune.search.outage import PENDING_FILE
 from autotune.search.plan import StudyPlan, check_same_job
 from autotune.search.prepare import RunOptions, data_prompts_file, default_study_name, prepare
@@ -36,7 +46,7 @@ from autotune.search.tuner import Tuner
 from autotune.status import StudyAttr
 from autotune.units import GIB
 
-__all__ = ["finish", "run_study", "start_message", "unfit_seed_lines"]
+__all__ = ["EXIT_INTERRUPTED", "finish", "run_study", "start_message", "unfit_seed_lines"]
 
 
 def start_message(study_name: str, storage: str, budget: Budget, resumed: int) -> str:
@@ -47,8 +57,11 @@ def start_message(study_name: str, storage: str, budget: Budget, resumed: int) -
     )
 
 
+EXIT_INTERRUPTED = 130  # stopped by Ctrl-C or SIGTERM: the report holds what was measured; re-running resumes
+
+
 def run_study(options: RunOptions, console: Console | None = None) -> int:
-    console = console or Console()
+    console = console or Console(stderr=options.json)  # with --json, stdout carries the summary alone
     job = prepare(options, console)
     space = job.space
     if options.study:
@@ -72,26 +85,39 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
         }
         plan = StudyPlan.of(space, settings, job.budget, options.trials, job.identity, **export)
         plan.save(study)
-        console.print(start_message(study_name, storage, job.budget, len(finished_trials(study))))
+        narrator = Narrator(console, out_dir / RUN_LOG)
+        done_before = len(finished_trials(study))
+        narrator.say(start_message(study_name, storage, job.budget, done_before))
         for line in recipe_lines(plan):
-            console.print(line, markup=False, highlight=False)
+            narrator.say(line, markup=False)
         fresh = not study.user_attrs.get(StudyAttr.SEEDED)
         seeded = enqueue_seed_configs(study, space)
         if seeded:
-            console.print(f"enqueued the hand-made configs first: {', '.join(seeded)}")
+            narrator.say(f"enqueued the hand-made configs first: {', '.join(seeded)}", markup=False)
         for line in unfit_seed_lines(space, seeded) if fresh else []:
-            console.print(line, markup=False, highlight=False)
+            narrator.say(line, markup=False)
+        narrator.say(LEGEND, markup=False)
         pending = out_dir / PENDING_FILE
         tuner = Tuner(
             study, space, settings, job.budget, job.memory_model, storage_url=storage, pending_path=pending
         )
         tuner.guard = file_guard(storage)
         study.sampler = SystemSampler(space, job.memory_model, job.budget, seed=options.seed)
-        reason = probe_study(tuner, options.trials, options.time_budget_seconds, slots, console)
+        view = LiveView(narrator, tuple(plan.tune or ()))
+        reason = probe_study(tuner, options.trials, options.time_budget_seconds, slots, console, view)
         if reason == TRIALS_DONE:
             settle_pick(tuner, slots[0].apply(settings), console)
+            settle_gain(tuner, slots[0].apply(settings), narrator)
         print_summary(tuner, console, *memory_model_error(study))
-        return finish(tuner, plan, out_dir, console)
+        run = {
+            "stopped": reason,
+            "trials_done": len(finished_trials(study)),
+            "trials_asked": options.trials,
+            "trials_before": done_before,
+            "complete": reason in (TRIALS_DONE, TIME_SPENT),
+            "interrupted": control_stopped(reason),
+        }
+        return finish(tuner, plan, out_dir, narrator, run, options.json)
 
 
 def unfit_seed_lines(space: SearchSpace, seeded: list[str]) -> list[str]:
@@ -120,14 +146,21 @@ def one_tuner_per_sqlite_study(storage: str, study_name: str) -> contextlib.Abst
     )
 
 
-def finish(tuner: Tuner, plan: StudyPlan, out_dir: Path, console: Console) -> int:
-    """Print the best configuration and write the report (the same code as `autotune report`)."""
-    from autotune.report.console import print_best
-    from autotune.report.selection import best_feasible
-    from autotune.report.write import write_report
+def finish(
+    tuner: Tuner, plan: StudyPlan, out_dir: Path, narrator: Narrator, run: dict, as_json: bool = False
+) -> int:
+    """Write the report (the same code as `autotune report`) and say what it holds; an interrupted run
+    says how to resume and exits EXIT_INTERRUPTED."""
+    from autotune.report.write import SUMMARY_FILE, write_report
 
-    print_best(best_feasible(tuner.study, tuner.budget), tuner.budget, console)
-    result = write_report(tuner.study, out_dir, tuner.budget, plan=plan)
+    result = write_report(tuner.study, out_dir, tuner.budget, plan=plan, run=run)
     for line in result.messages:
-        console.print(line, markup=False, highlight=False, soft_wrap=True)  # a launch line stays whole
-    return result.exit_code
+        narrator.say(line, markup=False)  # soft-wrapped: a launch line stays whole
+    if not run["complete"]:
+        narrator.say(
+            f"[yellow]{run['stopped']}: {run['trials_done']} of {run['trials_asked']} trials are done; run "
+            f"the same command again to resume (nothing measured is lost)[/yellow]"
+        )
+    if as_json:
+        print((out_dir / SUMMARY_FILE).read_text(), end="")
+    return EXIT_INTERRUPTED if run["interrupted"] else result.exit_code

@@ -8,6 +8,7 @@ It composes the parts that each own one concern: `coordination` (claims, quota, 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,9 @@ class Tuner:
     pending_path: Path | None = None  # where a measurement goes when the storage cannot take it
     cancel: threading.Event | None = None  # set by a second Ctrl-C: stop waiting for the storage too
     guard: Callable[[], None] = lambda: None  # raises Unavailable when the study's file is no longer ours
+    on_probe_start: Callable[[int, ProbeConfig], None] = lambda number, config: None  # the live view
+    # trial number -> (config, monotonic start) of the trials being decided or probed now (the live view)
+    active: dict[int, tuple[ProbeConfig, float]] = field(default_factory=dict, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _claims: Claims = field(init=False, repr=False)
     pending: outage.PendingFile = field(init=False, repr=False)
@@ -62,6 +66,15 @@ class Tuner:
         if proposal is None:
             return None
         trial, config = proposal
+        self.active[trial.number] = (config, time.monotonic())
+        try:
+            return self._settle(trial, config, cancel, settings)
+        finally:
+            self.active.pop(trial.number, None)
+
+    def _settle(
+        self, trial: optuna.Trial, config: ProbeConfig, cancel, settings: ProbeSettings | None
+    ) -> FrozenTrial:
         with heartbeat(self.study, trial._trial_id):
             saved = trial.user_attrs.get(
                 Attr.SAVED_OUTCOME
@@ -70,7 +83,7 @@ class Tuner:
                 outcome = outcome_from_dict(saved)
             else:
                 wait_for_twin(self.study, trial.number, config, self.retry, cancel)
-                outcome = self.decide(config, cancel, settings)
+                outcome = self.decide(config, cancel, settings, number=trial.number)
             return self.record_or_keep(trial, outcome)
 
     def propose(self, quota: int | None) -> tuple[optuna.Trial, ProbeConfig] | None:
@@ -79,12 +92,15 @@ class Tuner:
             self.guard()
             return self.retry(lambda: self._claims.ask_and_claim(quota), "asking for a trial")
 
-    def decide(self, config: ProbeConfig, cancel=None, settings: ProbeSettings | None = None) -> Outcome:
+    def decide(
+        self, config: ProbeConfig, cancel=None, settings: ProbeSettings | None = None, number: int = -1
+    ) -> Outcome:
         """The policy's decision on the study's trials so far, with a probe when it asks for one."""
         trials = self.retry(lambda: finished_trials(self.study), "reading the trials")
         decision = policy.decide(config, trials, self.memory_model, self.budget, self.prune)
         if isinstance(decision, Outcome):
             return decision
+        self.on_probe_start(number, config)
         result = self.probe(config, settings or self.settings, cancel=cancel)
         if cancel is not None and cancel.is_set() and result.status != Status.OK:  # killed by a second Ctrl-C
             return Outcome(Status.INTERRUPTED, config, 0.0, result.peak_memory_bytes, result, decision.attrs)

@@ -1,0 +1,140 @@
+"""What a person watching a run sees, and what a log keeps: one line per finished trial, the probes running
+now, an ETA — on the terminal and in `<out>/<study>/run.log` (plain text with a time stamp per line, so a run
+redirected to a file or left overnight can be followed with `tail -f`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from optuna.trial import FrozenTrial
+from rich.console import Console
+from rich.text import Text
+
+from autotune.config.knobs import ProbeConfig
+from autotune.probe.conditions import disturbance
+from autotune.search.study import trial_config, trial_status
+from autotune.status import Attr, Status
+from autotune.units import GIB
+
+__all__ = ["LEGEND", "RUN_LOG", "Narrator", "eta_text", "probing_text", "short_config", "trial_line"]
+
+RUN_LOG = "run.log"
+# The short form of a configuration in trial lines and the report's tables; explained once per run.
+SHORT_NAMES = (
+    ("T", "train_batch_size", "train batch"),
+    ("M", "mini_batch_size", "mini batch"),
+    ("R", "rollout_batch_size", "rollout batch"),
+    ("m", "micro_batch_size", "micro batch per GPU"),
+    ("g", "gradient_accumulation_steps", "gradient accumulation"),
+    ("lm", "forward_micro_batch_size", "log-prob micro batch"),
+    ("w", "num_rollout_workers", "rollout workers"),
+    ("Lp", "max_prompt_length", "prompt length"),
+    ("Lr", "max_response_length", "response length"),
+)
+RECIPE_SHORT = ("T", "M", "Lp", "Lr")  # shown in a trial line only when the study searches them
+LEGEND = (
+    "trial lines: "
+    + ", ".join(f"{short} {words}" for short, _, words in SHORT_NAMES)
+    + "; ckpt gradient checkpointing; shard: how the training states are split over the GPUs"
+)
+
+
+def short_config(config: ProbeConfig, searched_recipe: Sequence[str] = ()) -> str:
+    """`R32 m4 g2 lm8 w2 ckpt full_shard`: the system knobs, and the recipe knobs only when searched."""
+    parts = []
+    for short, attr, _ in SHORT_NAMES:
+        if short in RECIPE_SHORT and attr not in searched_recipe:
+            continue
+        parts.append(f"{short}{getattr(config, attr)}")
+    if config.gradient_checkpointing:
+        parts.append("ckpt")
+    if config.sharding != "replicate":
+        parts.append(config.sharding)
+    parts += [
+        name for name in ("param_offload", "optimizer_offload", "offload_policy") if getattr(config, name)
+    ]
+    return " ".join(parts)
+
+
+def trial_line(trial: FrozenTrial, searched_recipe: Sequence[str] = (), cores: int | None = None) -> str:
+    """`#7 ok  R32 m4 ...  4.52 samples/s  0.622 GiB (predicted 0.600)  41 s` and what else matters."""
+    status, attrs = trial_status(trial), trial.user_attrs
+    config = trial_config(trial)
+    result = attrs.get(Attr.RESULT) or {}
+    parts = [f"#{trial.number:<3} {status:<13}", short_config(config, searched_recipe) if config else "-"]
+    if trial.values is not None and status == Status.OK:
+        parts.append(f"{trial.values[0]:.3f} samples/s")
+    if trial.values is not None and trial.values[1]:
+        parts.append(f"{trial.values[1] / GIB:.3f} GiB")
+    predicted = attrs.get(Attr.PREDICTED_PEAK_BYTES)
+    if predicted:
+        parts.append(f"(predicted {predicted / GIB:.3f})")
+    if result.get("wall_seconds"):
+        parts.append(f"{result['wall_seconds']:.0f} s")
+    if attrs.get(Attr.DUPLICATE_OF) is not None:
+        parts.append(f"= #{attrs[Attr.DUPLICATE_OF]}")
+    if attrs.get(Attr.SEED_CONFIG):
+        parts.append(f"hand-made '{attrs[Attr.SEED_CONFIG]}'")
+    busy = disturbance(result.get("environment") or {}, cores)
+    if busy:
+        parts.append(f"[{busy}]")
+    if status not in (Status.OK,) and result.get("message"):
+        parts.append(f"- {str(result['message']).splitlines()[0][:120]}")
+    return "  ".join(parts)
+
+
+def probing_text(running: dict[int, tuple[ProbeConfig, float]], searched_recipe: Sequence[str] = ()) -> str:
+    """`probing #8 R64 m4 ... for 35 s`, one per running probe."""
+    now = time.monotonic()
+    return "; ".join(
+        f"probing #{number} {short_config(config, searched_recipe)} for {now - started:.0f} s"
+        for number, (config, started) in sorted(running.items())
+    )
+
+
+def eta_text(done_now: int, remaining: int, elapsed: float, past_walls: Sequence[float], slots: int) -> str:
+    """Time left at the pace of this run's finished trials, else of the study's earlier probes."""
+    if remaining <= 0:
+        return ""
+    if done_now:
+        per_trial = elapsed / done_now
+    elif past_walls:
+        per_trial = sum(past_walls) / len(past_walls) / max(1, slots)
+    else:
+        return "ETA after the first trial"
+    seconds = per_trial * remaining
+    return f"ETA {dt.timedelta(seconds=round(seconds))}"
+
+
+class Narrator:
+    """Prints to the terminal and appends the same line, plain, to the run's log. A log that cannot be
+    written (a full disk) is given up with one warning: the study, not the log, holds the measurements."""
+
+    def __init__(self, console: Console, log_path: Path | None = None) -> None:
+        self.console = console
+        self.log_path = log_path
+        self._lock = threading.Lock()
+
+    def say(self, text: str, markup: bool = True, style: str | None = None) -> None:
+        self.console.print(text, markup=markup, highlight=False, soft_wrap=True, style=style)
+        self.log(Text.from_markup(text).plain if markup else text)
+
+    def log(self, plain: str) -> None:
+        if self.log_path is None:
+            return
+        stamp = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+        lines = "".join(f"{stamp} {line}\n" for line in plain.splitlines() or [""])
+        with self._lock:
+            try:
+                with self.log_path.open("a", encoding="utf-8") as log:
+                    log.write(lines)
+            except OSError as exc:
+                path, self.log_path = self.log_path, None
+                self.console.print(
+                    f"[yellow]cannot write {path} ({exc.strerror or exc}): the run goes on without its log; "
+                    f"every measurement is in the study[/yellow]"
+                )
