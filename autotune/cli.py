@@ -150,10 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="search batch settings with an Optuna study of probes",
         description="Open (or resume) a study over a search space, probe configurations until --trials are "
-        "complete, then report the Pareto-best configuration. Running the same command again "
-        "resumes the study. Ctrl-C finishes the running probes and stops; a second Ctrl-C kills them. "
-        "Exit 0 with a feasible configuration, 1 with none, 2 for bad input, 3 when the storage or the "
-        "output folder fails (nothing measured is lost).",
+        "complete (a line per trial, also in <out>/<study>/run.log), re-measure the leaders, probe the "
+        "recommended and the hand-made configs back to back for the gain, then write the report and "
+        "summary.json. Running the same command again resumes the study. Ctrl-C finishes the running probes "
+        "and stops; a second Ctrl-C kills them. Exit 0 with a feasible configuration, 1 with none, 2 for bad "
+        "input, 3 when the storage or the output folder fails (nothing measured is lost), 130 when stopped "
+        "by Ctrl-C or SIGTERM (the report holds what was measured; run again to resume).",
     )
     run.add_argument(
         "--space",
@@ -255,7 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--confirm",
         action="store_true",
-        help="re-probe the winner with more iterations first; if it fails, take the next one",
+        help="re-probe the winner and the hand-made configs in turn, twice each, with more iterations first: "
+        "their figures become the report's headline and gain (in every file); if the winner fails, take the "
+        "next one",
     )
     report.add_argument(
         "--confirm-iterations",

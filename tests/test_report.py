@@ -195,8 +195,9 @@ def test_report_md_tells_the_story(written):
     _, _, out = written
     text = (out / "report.md").read_text()
     for needle in (
-        "## Recommendation",
-        "Trial #2",
+        "## What to copy",
+        "Recommended: trial #2",
+        "## Every trial",
         "## Pareto front",
         "## Gain over the hand-made configs",
         "1.80x",
@@ -216,7 +217,7 @@ def test_no_feasible_trial_writes_no_recommendation_and_exits_non_zero(tmp_path)
     (out / "best_config.yaml").write_text("stale: true\n")  # from an earlier report with a looser budget
     result = write_report(infeasible_study(), out, BUDGET, plan=StudyPlan(model="tiny-llama"))
     assert result.exit_code == 1 and result.chosen is None
-    assert sorted(result.files) == ["report.html", "report.md", "trials.csv"]
+    assert sorted(result.files) == ["report.html", "report.md", "summary.json", "trials.csv"]
     assert not (out / "best_config.yaml").exists() and not (out / "verl_overrides.txt").exists()
     text = (out / "report.md").read_text()
     assert "No feasible configuration" in text
@@ -368,7 +369,7 @@ def test_the_report_names_the_recipe_it_held_fixed(tmp_path):
     result = write_report(standard_study(), tmp_path, BUDGET, plan=plan, now=NOW)
     markdown, page = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
     assert RECIPE_LINE in markdown and RECIPE_LINE in page
-    assert markdown.index(RECIPE_LINE) < markdown.index("## Recommendation")  # near the top
+    assert markdown.index(RECIPE_LINE) < markdown.index("## Pareto front")  # with the study, before the plots
     assert "Searched recipe knobs" not in markdown
     assert result.messages[0] == RECIPE_LINE  # the run's summary says it too, in one line
 

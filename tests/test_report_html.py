@@ -33,7 +33,8 @@ FLAGS = [
 ]
 PLOTS = ("pareto-front", "memory-vs-micro", "phases", "memory-model")
 HEADINGS = (
-    "Recommendation",
+    "The study",
+    "Every trial",
     "Pareto front",
     "Peak memory against micro batch size",
     "Time per phase",
@@ -96,9 +97,9 @@ def test_renders_with_its_plots_and_no_console_errors(reports, tmp_path, name):
         assert match, plot
     assert dom.count("<path") > 50  # the plots have content, not empty frames
     if name == "none":
-        assert "No feasible configuration" in dom
+        assert "No feasible configuration" in dom and ">What to change</h2>" in dom
     else:
-        assert "(chosen)" in dom and "verl_overrides.txt" in dom
+        assert "(chosen)" in dom and "verl_overrides.txt" in dom and ">What to copy</h2>" in dom
     hosts = {
         urlsplit(url).hostname for url in re.findall(r'"url":"([^"]+)"', (tmp_path / "net.json").read_text())
     }
@@ -118,3 +119,33 @@ def test_screenshot_shows_a_drawn_page(reports, tmp_path):
         assert image.size == (1200, 4000)
         colours = image.convert("RGB").getcolors(maxcolors=1_000_000)
     assert colours is not None and len(colours) > 200  # text, tables and coloured plots, not a blank page
+
+
+# Where the page's first screen ends, measured by the browser: a copy of the page with this script appended
+# (the report itself carries no script) records each element's box into the DOM that --dump-dom prints.
+MEASURE = """<script>
+const height = window.innerHeight;
+const box = (selector) => {
+  const element = document.querySelector(selector);
+  if (!element) return "missing";
+  const r = element.getBoundingClientRect();
+  return r.top >= 0 && r.bottom <= height ? "whole" : "cut at " + Math.round(r.bottom) + " of " + height;
+};
+document.body.dataset.firstScreen = JSON.stringify(
+  {config: box(".copy pre"), launch: box("pre.launch"), gain: box("p.gain"), width: window.innerWidth});
+</script>"""
+
+
+@pytest.mark.e2e
+def test_the_first_screen_shows_the_config_the_launch_line_and_the_gain(reports, tmp_path):
+    import html
+    import json
+
+    page = tmp_path / "measured.html"
+    page.write_text(reports["standard"].read_text().replace("</body>", MEASURE + "</body>"))
+    proc = chromium(page, tmp_path, "--window-size=1400,900", "--dump-dom")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = re.search(r'data-first-screen="([^"]+)"', proc.stdout)
+    assert found, proc.stdout[:2000]
+    boxes = json.loads(html.unescape(found.group(1)))
+    assert boxes == {"config": "whole", "launch": "whole", "gain": "whole", "width": 1400}

@@ -14,9 +14,10 @@ from autotune.probe.contract import ProbeSettings
 from autotune.probe.launcher import run_probe
 from autotune.report.selection import select
 from autotune.report.write import study_plan, write_report
+from autotune.search import gain
 from autotune.search.storage import default_storage_url
-from autotune.search.study import Budget, check_study_name, open_study, trial_config
-from autotune.status import Status, StudyAttr
+from autotune.search.study import Budget, check_study_name, open_study
+from autotune.status import Attr, StudyAttr
 from autotune.units import GIB
 
 __all__ = ["ReportOptions", "confirm_winner", "default_storage", "load_existing_study", "report_study"]
@@ -68,26 +69,46 @@ def confirm_winner(
     )
     excluded: list[int] = []
     while (chosen := select(study, budget, excluded).chosen) is not None:
-        console.print(f"confirming trial #{chosen.number} with {options.confirm_iterations} iterations ...")
-        result = run_probe(trial_config(chosen), settings)
+        rivals = gain.hand_made_rivals(study.get_trials(deepcopy=False), chosen)
+        names = "".join(
+            f" and the hand-made '{t.user_attrs[Attr.SEED_CONFIG]}' (#{t.number})" for t in rivals
+        )
+        console.print(
+            f"confirming trial #{chosen.number}{names} with {options.confirm_iterations} iterations, "
+            f"{gain.ROUNDS} probes each, in turn ..."
+        )
+        comparison = gain.compare(
+            study, chosen, rivals, run_probe, settings, confirmed=True, on_result=_shower(console)
+        )
+        if comparison is None:
+            break
+        speeds, peaks = comparison.speeds(chosen.number), comparison.peaks(chosen.number)
         confirmations = dict(study.user_attrs.get(StudyAttr.CONFIRMATIONS, {}))
-        confirmations[str(chosen.number)] = {
-            "status": result.status,
-            "samples_per_sec": result.samples_per_sec,
-            "peak_memory_bytes": result.peak_memory_bytes,
-        }
+        confirmations[str(chosen.number)] = {"samples_per_sec": speeds, "peak_memory_bytes": peaks}
         study.set_user_attr(StudyAttr.CONFIRMATIONS, confirmations)
-        if result.status == Status.OK and result.peak_memory_bytes <= budget.limit:
+        if min(speeds) > 0 and max(peaks) <= budget.limit:
             console.print(
-                f"confirmed: {result.samples_per_sec:.3f} samples/s at {result.peak_memory_gib:.3f} GiB"
+                f"confirmed: {sum(speeds) / len(speeds):.3f} samples/s at {max(peaks) / GIB:.3f} GiB "
+                f"(these figures are the report's from now on)"
             )
             break
         console.print(
-            f"trial #{chosen.number} failed its confirmation ({result.status}, "
-            f"{result.peak_memory_gib:.3f} GiB): trying the next one"
+            f"trial #{chosen.number} failed its confirmation (samples/s {speeds}, highest peak "
+            f"{max(peaks) / GIB:.3f} GiB): trying the next one"
         )
         excluded.append(chosen.number)
     return excluded
+
+
+def _shower(console: Console):
+    def show(trial, result) -> None:
+        label = trial.user_attrs.get(Attr.SEED_CONFIG)
+        console.print(
+            f"  #{trial.number}{f' (hand-made {label!r})' if label else ''}: {result.status} "
+            f"{result.samples_per_sec:.3f} samples/s, {result.peak_memory_bytes / GIB:.3f} GiB"
+        )
+
+    return show
 
 
 def report_study(options: ReportOptions, console: Console | None = None) -> int:

@@ -8,10 +8,9 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.probe.contract import ProbeResult
-from autotune.status import Attr
 from autotune.units import GIB
 
-__all__ = ["print_best", "print_models", "print_probe_result"]
+__all__ = ["print_models", "print_probe_result"]
 
 
 def _gib(value: int | None) -> str:
@@ -79,23 +78,4 @@ def print_models(rows: list[dict[str, Any]], console: Console | None = None) -> 
             str(row["hidden"]),
             str(row["vocab"]),
         )
-    console.print(table)
-
-
-def print_best(best, budget, console: Console | None = None) -> None:
-    """The best feasible trial's configuration, or why there is none."""
-    console = console or Console()
-    if best is None:
-        console.print(
-            f"[red]no feasible configuration[/red]: no trial ran within "
-            f"{budget.limit / GIB:.2f} GiB; try a smaller micro batch, shorter lengths, LoRA or offload"
-        )
-        return
-    table = Table(title=f"best configuration: trial #{best.number}", show_header=False)
-    table.add_column("key", style="bold")
-    table.add_column("value")
-    table.add_row("samples/sec", f"{best.values[0]:.3f}")
-    table.add_row("peak memory", f"{best.values[1] / GIB:.3f} GiB (budget {budget.bytes / GIB:.2f} GiB)")
-    for key, value in best.user_attrs[Attr.CONFIG].items():
-        table.add_row(key, str(value))
     console.print(table)

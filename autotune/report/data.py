@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +23,9 @@ from autotune.formats.seed_yaml import seed_document, seed_yaml
 from autotune.formats.verl import VerlOverrides, verl_overrides
 from autotune.memory.advice import remedies
 from autotune.models.names import verl_model_path
+from autotune.probe.conditions import disturbance, worst_disturbance
 from autotune.report.selection import Selection, select
-from autotune.search import pick
+from autotune.search import gain, pick
 from autotune.search.plan import StudyPlan
 from autotune.search.study import Budget, memory_model_error, trial_config, trial_status
 from autotune.status import LAUNCHED, Attr, Status, StudyAttr
@@ -31,10 +33,12 @@ from autotune.units import GIB, gib
 
 __all__ = [
     "Gain",
+    "NearMiss",
     "ReportData",
     "advice",
     "best_config_yaml",
     "build_report",
+    "config_yaml",
     "engine_for",
     "measured_block",
 ]
@@ -47,6 +51,15 @@ class Gain:
     name: str  # the hand-made config's name
     trial: FrozenTrial
     ratio: float | None  # chosen samples/sec over the seed's (None when the seed did not run ok)
+    back_to_back: bool = False  # from the comparison probed in turn (search.gain), not first measurements
+    seed_speed: float | None = None  # the hand-made config's samples/sec the ratio rests on
+    conditions: list[str] = field(default_factory=list)  # what other work took during those probes
+
+
+@dataclass
+class NearMiss:
+    trial: FrozenTrial
+    why: str  # why it was not recommended
 
 
 @dataclass
@@ -68,6 +81,9 @@ class ReportData:
     created: str
     advice: dict[int, list[str]] = field(default_factory=dict)  # closest trial number -> what to change
     remeasured: list[tuple[FrozenTrial, pick.Figures]] = field(default_factory=list)  # before the pick
+    headline: gain.Headline | None = None  # the recommended config's figures as every file states them
+    near_misses: list[NearMiss] = field(default_factory=list)
+    disturbed: list[tuple[FrozenTrial, str]] = field(default_factory=list)  # probes other work slowed
 
     @property
     def complete(self) -> list[FrozenTrial]:
@@ -89,11 +105,12 @@ def build_report(
         (chosen.user_attrs.get(Attr.RESULT) or {}).get("world_size") if chosen else None
     ) or plan.gpus
     plan = dataclasses.replace(plan, gpus=int(measured_gpus))  # the GPUs the winner was measured on
-    document = verl = engine = None
+    document = verl = engine = figures = None
     if chosen is not None:
         config = trial_config(chosen)
-        engine = engine_for(chosen, config, plan, budget)
-        measured = measured_block(chosen, study.study_name, plan.gpus, budget, created)
+        figures = gain.headline(study, chosen)
+        engine = engine_for(chosen, config, plan, budget, figures.peak_bytes)
+        measured = measured_block(chosen, study.study_name, plan.gpus, budget, created, figures)
         document = seed_document(config, plan.model, plan.reward_model, measured, engine)
         verl = verl_overrides(config, plan.gpus, verl_model_path(plan.model), engine)
     return ReportData(
@@ -103,7 +120,7 @@ def build_report(
         selection=selection,
         trials=trials,
         frame=trials_frame(trials, selection, budget),
-        gains=seed_gains(trials, chosen),
+        gains=seed_gains(study, trials, chosen, figures),
         cost=study_cost(trials),
         model_error=memory_model_error(study),
         best_config=document,
@@ -112,6 +129,9 @@ def build_report(
         created=created,
         advice={t.number: advice(t, budget) for t in selection.closest},
         remeasured=remeasured(study, trials),
+        headline=figures,
+        near_misses=near_misses(study, trials, chosen, budget),
+        disturbed=disturbed(trials),
     )
 
 
@@ -122,24 +142,42 @@ def remeasured(study: optuna.Study, trials: list[FrozenTrial]) -> list[tuple[Fro
     return sorted(found, key=lambda pair: -pair[1].mean)
 
 
-def engine_for(trial: FrozenTrial, config: Any, plan: StudyPlan, budget: Budget) -> RolloutEngine:
+def engine_for(
+    trial: FrozenTrial, config: Any, plan: StudyPlan, budget: Budget, peak: float | None = None
+) -> RolloutEngine:
     """The rollout engine beside the chosen config's training side: the card is the GPU the probe ran on
-    (its total memory), else the budget (an emulated card); the resident memory is the measured peak."""
+    (its total memory), else the budget (an emulated card); the resident memory is the measured peak (the
+    highest of the config's measurements when given)."""
     environment = (trial.user_attrs.get(Attr.RESULT) or {}).get("environment") or {}
     card = environment.get("gpu_memory_bytes") or budget.bytes
-    peak = float(trial.values[1])
+    peak = float(trial.values[1]) if peak is None else float(peak)
     return rollout_engine(config, plan.gpus, plan.rollout_engine, card, peak, plan.model_parameters)
 
 
 def measured_block(
-    trial: FrozenTrial, study_name: str, gpus: int, budget: Budget, created: str
+    trial: FrozenTrial,
+    study_name: str,
+    gpus: int,
+    budget: Budget,
+    created: str,
+    figures: gain.Headline | None = None,
 ) -> dict[str, Any]:
-    """The chosen trial's figures, exactly as the study recorded them, for best_config.yaml."""
+    """The chosen config's figures for best_config.yaml, as the report's headline states them: a
+    confirmation's, else the mean samples/sec of its measurements and their highest peak."""
     result = trial.user_attrs.get(Attr.RESULT) or {}
     speed, peak = float(trial.values[0]), float(trial.values[1])
+    if figures is not None:
+        speed, peak = figures.samples_per_sec, float(figures.peak_bytes)
+    tokens = result.get("tokens_per_sec")
+    if tokens and trial.values[0]:
+        tokens = tokens * speed / trial.values[0]  # the same tokens per sample
+    busy = disturbance(result.get("environment") or {})
     return {
-        "samples_per_sec": speed,
-        "tokens_per_sec": result.get("tokens_per_sec"),
+        "samples_per_sec": round(speed, 4),
+        "tokens_per_sec": round(tokens, 2) if tokens else tokens,
+        "measurements": figures.measurements if figures else 1,
+        "basis": figures.basis if figures else "one probe",
+        "conditions": busy or "no other work measured on the machine",
         "peak_memory_gib": round(peak / GIB, 4),
         "peak_memory_bytes": int(peak),
         "peak_memory_source": result.get("peak_memory_source"),
@@ -165,6 +203,12 @@ def best_config_yaml(report: ReportData) -> str:
         f"GPU. verl_overrides.txt has the same config in verl's keys.\n{reward}"
     )
     return seed_yaml(data, header)
+
+
+def config_yaml(report: ReportData) -> str:
+    """The recommended configuration alone, as YAML in the seed's schema: what a user copies."""
+    assert report.best_config is not None, "no recommendation to write"
+    return seed_yaml({key: value for key, value in report.best_config.items() if key != "measured"}, "")
 
 
 def advice(trial: FrozenTrial, budget: Budget) -> list[str]:
@@ -233,17 +277,88 @@ def trials_frame(trials: list[FrozenTrial], selection: Selection, budget: Budget
     return frame
 
 
-def seed_gains(trials: list[FrozenTrial], chosen: FrozenTrial | None) -> list[Gain]:
-    """The chosen config's speed over each measured hand-made config of the seed."""
+def seed_gains(
+    study: optuna.Study,
+    trials: list[FrozenTrial],
+    chosen: FrozenTrial | None,
+    figures: gain.Headline | None = None,
+) -> list[Gain]:
+    """The chosen config's speed over each measured hand-made config: from the back-to-back comparison when
+    the study holds one for the chosen config, else from the first measurements (and the report says so)."""
+    comparison = figures.comparison if figures is not None else None
     gains = []
     for trial in trials:
         name = trial.user_attrs.get(Attr.SEED_CONFIG)
         if not name or trial.state != TrialState.COMPLETE or trial.values is None:
             continue
+        if Attr.DUPLICATE_OF in trial.user_attrs:
+            continue
         ok = trial_status(trial) == Status.OK and trial.values[0] > 0
+        if comparison is not None and str(trial.number) in comparison.measurements and chosen is not None:
+            speeds = comparison.speeds(trial.number)
+            gains.append(
+                Gain(
+                    str(name),
+                    trial,
+                    comparison.ratio(trial.number),
+                    back_to_back=True,
+                    seed_speed=statistics.mean(speeds),
+                    conditions=comparison.disturbed(),
+                )
+            )
+            continue
         ratio = chosen.values[0] / trial.values[0] if chosen is not None and ok else None
-        gains.append(Gain(str(name), trial, ratio))
+        worst = worst_disturbance([_environment(t) for t in (trial, chosen) if t])
+        busy = [worst] if worst else []
+        gains.append(Gain(str(name), trial, ratio, seed_speed=trial.values[0], conditions=busy))
     return gains
+
+
+def _environment(trial: FrozenTrial) -> dict[str, Any]:
+    return (trial.user_attrs.get(Attr.RESULT) or {}).get("environment") or {}
+
+
+def disturbed(trials: list[FrozenTrial]) -> list[tuple[FrozenTrial, str]]:
+    """Probes that ran while other work took enough of the machine to slow them."""
+    found = [(t, disturbance(_environment(t))) for t in trials if trial_status(t) in LAUNCHED]
+    return [(trial, text) for trial, text in found if text]
+
+
+def near_misses(
+    study: optuna.Study, trials: list[FrozenTrial], chosen: FrozenTrial | None, budget: Budget, count: int = 5
+) -> list[NearMiss]:
+    """Configurations measured faster than the recommended one, and why each lost: over the limit (within
+    the budget but not its headroom, or over the budget), or a lower mean once re-measured."""
+    if chosen is None:
+        return []
+    remeasured = study.user_attrs.get(StudyAttr.REMEASURED, {})
+    found = []
+    for trial in trials:
+        if trial.number == chosen.number or trial.values is None or not trial.user_attrs.get(Attr.STATUS):
+            continue
+        if trial_status(trial) != Status.OK or Attr.DUPLICATE_OF in trial.user_attrs:
+            continue
+        if trial.values[0] <= chosen.values[0] and str(trial.number) not in remeasured:
+            continue
+        peak = trial.values[1]
+        if peak > budget.bytes:
+            why = f"peak {gib(peak)} GiB is over the {gib(budget.bytes)} GiB budget"
+        elif peak > budget.limit:
+            why = (
+                f"peak {gib(peak)} GiB is within the {gib(budget.bytes)} GiB budget but over the "
+                f"{budget.headroom:.0%} headroom (limit {gib(budget.limit)} GiB): a longer run's "
+                f"fragmentation could take it over"
+            )
+        elif str(trial.number) in remeasured:
+            mean = pick.figures(study, trial)
+            why = (
+                f"re-measured: mean {mean.mean:.3f} samples/s over {mean.count} probes, below the "
+                f"recommended one's"
+            )
+        else:
+            why = "its confirmation probe failed (autotune report --confirm)"
+        found.append(NearMiss(trial, why))
+    return sorted(found, key=lambda miss: -miss.trial.values[0])[:count]
 
 
 def study_cost(trials: list[FrozenTrial]) -> dict[str, Any]:

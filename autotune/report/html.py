@@ -16,21 +16,27 @@ from typing import TYPE_CHECKING
 import matplotlib
 from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
+from autotune.report.data import config_yaml
 from autotune.report.tables import (
     Table,
     closest_table,
+    conditions_lines,
     cost_table,
     front_table,
+    gain_lines,
     gains_table,
     gib,
     headline,
     launch_line,
+    legend_line,
     memory_model_table,
     model_error_line,
+    near_miss_table,
     predictions,
-    recommendation_table,
     remeasured_lead,
     remeasured_table,
+    trials_table,
+    verdict_line,
     verl_lines,
 )
 from autotune.search.study import trial_config, trial_status
@@ -61,11 +67,15 @@ STYLES = {
     Status.TIMEOUT: ("timeout", "#9467bd", "s", True),
 }
 PHASE_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
-FIGSIZE = (7.5, 4.2)
+FIGSIZE = (9.5, 4.4)
 CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto;
-       max-width: 1100px; padding: 0 1em; color: #222; line-height: 1.45; }
-h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 1.8em; }
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 1em auto;
+       max-width: 1340px; padding: 0 1em; color: #222; line-height: 1.4; }
+h1 { font-size: 1.4em; margin: .3em 0; } h3 { margin: .4em 0; }
+.copy { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1.4fr); gap: 1.2em; }
+.copy pre { margin: .3em 0; font-size: .85em; } pre.launch { white-space: pre-wrap; word-break: break-all; }
+.gain { margin: .2em 0; } .warn { color: #8a5300; background: #fff8e1; padding: .3em .6em; }
+h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 1.2em; font-size: 1.2em; }
 table { border-collapse: collapse; margin: .8em 0; font-size: .92em; }
 th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: left; }
 th { background: #f3f3f3; } tr.chosen td { background: #fff3cd; font-weight: 600; }
@@ -113,7 +123,8 @@ def _label(ax, xlabel: str, ylabel: str, title: str, grid_axis: str = "both") ->
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3, axis=grid_axis)
-    ax.legend(fontsize=7, loc="best")
+    # Outside the axes, so that it never hides a point; large enough to read at the page's width.
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 def _budget_lines(ax, report: ReportData, vertical: bool) -> None:
@@ -143,14 +154,23 @@ def _scatter_group(ax, xs: list[float], ys: list[float], key: str) -> None:
     )
 
 
+def _zoom(report: ReportData, trials: list[FrozenTrial]) -> tuple[float, float]:
+    """The x range of the Pareto plot: the measured peaks and the budget lines, a margin either side (points
+    all within 0.54-0.65 GiB are not drawn on 0-0.95). Predictions far beyond sit on the right edge."""
+    measured = [t.values[1] / GIB for t in trials if trial_status(t) in (Status.OK, Status.OOM)]
+    lines = [report.budget.limit / GIB, report.budget.bytes / GIB]
+    low, high = min(measured + lines), max(measured + lines)
+    margin = max(0.04 * (high - low), 0.01 * high)
+    return max(0.0, low - margin), high + margin
+
+
 def pareto_figure(report: ReportData) -> Figure:
     fig, ax = _new_figure()
     trials = [t for t in report.complete if Attr.DUPLICATE_OF not in t.user_attrs]
     if not trials:
         _empty(ax, "no complete trial yet")
         return fig
-    ok_peaks = [t.values[1] / GIB for t in trials if trial_status(t) == Status.OK]
-    x_max = max([report.budget.bytes / GIB * 1.4, *(p * 1.05 for p in ok_peaks)])
+    x_min, x_max = _zoom(report, trials)
     groups: dict[str, tuple[list[float], list[float]]] = {}
     for trial in trials:
         key = _style_key(trial, report.budget.limit)
@@ -193,7 +213,7 @@ def pareto_figure(report: ReportData) -> Figure:
             color="#444",
         )
     _budget_lines(ax, report, vertical=True)
-    ax.set_xlim(0, x_max * 1.02)
+    ax.set_xlim(x_min, x_max)
     _label(ax, "peak memory per GPU (GiB)", "samples / sec", "Pareto front: throughput against peak memory")
     return fig
 
@@ -326,38 +346,34 @@ def _section(anchor: str, title: str, body: str) -> str:
     return f'<section id="{anchor}"><h2>{html.escape(title)}</h2>{body}</section>'
 
 
-def _recommendation(report: ReportData) -> str:
+def _copy(report: ReportData) -> str:
+    """What to copy, side by side on a wide screen: the configuration, and how to start verl on it."""
     chosen = report.selection.chosen
     if chosen is None:
         tips = "".join(
             f"<h3>Trial #{n}</h3><ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in tips) + "</ul>"
             for n, tips in report.advice.items()
         )
-        return (
-            f'<p class="verdict bad">No feasible configuration: no trial ran within '
-            f"{gib(report.budget.limit)} GiB per GPU.</p><p>The closest trials, and what to change:</p>"
-            f"{html_table(closest_table(report))}{tips}"
-        )
+        return f"<p>The closest trials, and what to change:</p>{html_table(closest_table(report))}{tips}"
     overrides = html.escape("\n".join(report.verl.lines())) if report.verl else ""
     notes = "".join(f"<li>{html.escape(line)}</li>" for line in verl_lines(report))
     return (
-        f'<p class="verdict">Trial #{chosen.number}: <strong>{chosen.values[0]:.3f} samples/s</strong> at '
-        f"<strong>{gib(chosen.values[1])} GiB</strong> peak per GPU.</p>"
-        f"{html_table(recommendation_table(report))}"
-        f"<h3>Start verl on it</h3><p>Replace the <code>/path/to/</code> parts:</p>"
-        f"<pre>{html.escape(launch_line(report))}</pre>"
-        f"<h3>verl ({html.escape('verl_overrides.txt')})</h3><pre>{overrides}</pre><ul>{notes}</ul>"
+        '<div class="copy"><div><h3>The configuration (best_config.yaml)</h3>'
+        f"<pre>{html.escape(config_yaml(report))}</pre></div>"
+        "<div><h3>Start verl on it</h3><p>Replace the <code>/path/to/</code> parts:</p>"
+        f'<pre class="launch">{html.escape(launch_line(report))}</pre>'
+        f"<details><summary>verl_overrides.txt and how sizes map to verl</summary><pre>{overrides}</pre>"
+        f"<ul>{notes}</ul></details></div></div>"
     )
 
 
-def _gains(report: ReportData) -> str:
-    lead = "".join(
-        f"<p>The tuned config runs <strong>{g.ratio:.2f}x</strong> the samples/s of the hand-made "
-        f"config ‘{html.escape(g.name)}’.</p>"
-        for g in report.gains
-        if g.ratio
-    )
-    return lead + html_table(gains_table(report))
+def _lead(report: ReportData) -> str:
+    """The verdict, the gain and any warning: the first lines of the page."""
+    verdict = html.escape(verdict_line(report))
+    css = "verdict" if report.selection.chosen else "verdict bad"
+    gains = "".join(f'<p class="gain">{html.escape(line)}</p>' for line in gain_lines(report))
+    warnings = "".join(f'<p class="warn">{html.escape(line)}</p>' for line in conditions_lines(report))
+    return f'<p class="{css}">{verdict}</p>{gains}{warnings}'
 
 
 def render_html(report: ReportData) -> str:
@@ -367,8 +383,20 @@ def render_html(report: ReportData) -> str:
         f"Solid red: the budget ({gib(report.budget.bytes)} GiB); dashed: budget less headroom "
         f"({gib(report.budget.limit)} GiB), the feasibility limit."
     )
+    study_lines = "<br>".join(html.escape(line) for line in headline(report))
     sections = [
-        _section("recommendation", "Recommendation", _recommendation(report)),
+        _section("copy", "What to copy" if chosen else "What to change", _copy(report)),
+        _section("gains", "Gain over the hand-made configs", html_table(gains_table(report))),
+        *(
+            [
+                _section(
+                    "near-misses", "Near misses: faster, but not picked", html_table(near_miss_table(report))
+                )
+            ]
+            if report.near_misses
+            else []
+        ),
+        _section("study", "The study", f'<p class="meta">{study_lines}</p>'),
         *(
             [
                 _section(
@@ -388,7 +416,8 @@ def render_html(report: ReportData) -> str:
                 _svg(pareto_figure(report), "pareto-front"),
                 budget_caption + " Points beyond the right edge are clipped to it.",
             )
-            + html_table(front_table(report), chosen_row),
+            + html_table(front_table(report), chosen_row)
+            + f'<p class="meta">{html.escape(legend_line())}</p>',
         ),
         _section(
             "memory-vs-micro",
@@ -415,14 +444,14 @@ def render_html(report: ReportData) -> str:
             )
             + html_table(memory_model_table(report)),
         ),
-        _section("gains", "Gain over the hand-made configs", _gains(report)),
+        _section("trials", "Every trial", html_table(trials_table(report), chosen_row)),
         _section("cost", "Cost of the study", html_table(cost_table(report), header=False)),
+        f'<p class="meta">{html.escape(legend_line())}</p>',
     ]
     title = f"autotune report: {report.study_name}"
-    meta = "<br>".join(html.escape(line) for line in headline(report))
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f'<link rel="icon" href="data:,"><title>{html.escape(title)}</title><style>{CSS}</style></head>'
-        f'<body><h1>{html.escape(title)}</h1><p class="meta">{meta}</p>{"".join(sections)}</body></html>\n'
+        f"<body><h1>{html.escape(title)}</h1>{_lead(report)}{''.join(sections)}</body></html>\n"
     )

@@ -4,20 +4,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autotune.report.data import config_yaml
 from autotune.report.tables import (
     Table,
     closest_table,
+    conditions_lines,
     cost_table,
     front_table,
+    gain_lines,
     gains_table,
     gib,
     headline,
     launch_line,
+    legend_line,
     memory_model_table,
     model_error_line,
-    recommendation_table,
+    near_miss_table,
     remeasured_lead,
     remeasured_table,
+    trials_table,
+    verdict_line,
     verl_lines,
 )
 
@@ -39,19 +45,24 @@ def md_table(table: Table) -> str:
 
 
 def render_markdown(report: ReportData) -> str:
-    parts = [
-        f"# autotune report: {report.study_name}\n\n",
-        *(f"{line}  \n" for line in headline(report)),
-    ]
-    parts += ["\n## Recommendation\n\n", *_recommendation_md(report)]
+    parts = [f"# autotune report: {report.study_name}\n\n", f"**{verdict_line(report)}**\n\n"]
+    parts += [f"{line}  \n" for line in gain_lines(report)]
+    parts += [f"\n> {line}\n" for line in conditions_lines(report)]
+    parts += ["\n## What to copy\n\n" if report.selection.chosen else "\n## What to change\n\n"]
+    parts += _recommendation_md(report)
+    parts += ["\n## Gain over the hand-made configs\n\n", md_table(gains_table(report))]
+    if report.near_misses:
+        parts += ["\n## Near misses: faster, but not picked\n\n", md_table(near_miss_table(report))]
+    parts += ["\n## The study\n\n", *(f"{line}  \n" for line in headline(report))]
     if report.remeasured:
         parts += ["\n## Re-measured before the pick\n\n", remeasured_lead(report), "\n\n"]
         parts += [md_table(remeasured_table(report))]
     parts += [
         "\n## Pareto front (feasible trials: samples/s up, peak memory down)\n\n",
         md_table(front_table(report)),
+        f"\n{legend_line()}\n",
     ]
-    parts += ["\n## Gain over the hand-made configs\n\n", md_table(gains_table(report))]
+    parts += ["\n## Every trial\n\n", md_table(trials_table(report))]
     parts += [
         "\n## Memory model: predicted against measured\n\n",
         model_error_line(report),
@@ -59,10 +70,16 @@ def render_markdown(report: ReportData) -> str:
         md_table(memory_model_table(report)),
     ]
     parts += ["\n## Cost of the study\n\n", md_table(cost_table(report))]
+    parts += [f"\n{legend_line()}\n"]
     parts += ["\n## Files\n\n", "- `trials.csv`: every trial\n- `report.html`: this report with plots\n"]
+    parts += [
+        "- `summary.json`: the pick, its figures, the gain, the files and the launch line, for scripts\n"
+    ]
+    parts += ["- `run.log`: the run's lines with time stamps (written by `autotune run`)\n"]
     if report.best_config is not None:
         parts += [
-            "- `best_config.yaml`: the recommendation in the seed article's config schema\n",
+            "- `best_config.yaml`: the recommendation in the seed article's config schema, with its "
+            "`measured:` figures\n",
             "- `verl_overrides.txt`: the same job as Hydra overrides for verl 0.9.1 (launched as above)\n",
         ]
     return "".join(parts)
@@ -72,18 +89,17 @@ def _recommendation_md(report: ReportData) -> list[str]:
     chosen = report.selection.chosen
     if chosen is None:
         parts = [
-            f"**No feasible configuration**: no trial ran within {gib(report.budget.limit)} GiB. "
-            "The closest trials, and what to change:\n\n",
+            f"No trial ran within {gib(report.budget.limit)} GiB. The closest trials, and what to "
+            "change:\n\n",
             md_table(closest_table(report)),
         ]
         for number, tips in report.advice.items():
             parts += [f"\nTrial #{number}:\n\n", *(f"- {tip}\n" for tip in tips)]
         return parts
     parts = [
-        f"Trial #{chosen.number}: **{chosen.values[0]:.3f} samples/s** at **{gib(chosen.values[1])} GiB** "
-        f"peak per GPU.\n\n",
-        md_table(recommendation_table(report)),
-        "\n**Start verl on it** (replace the `/path/to/` parts):\n\n```bash\n",
+        "The configuration (best_config.yaml without its `measured:` block):\n\n```yaml\n",
+        config_yaml(report),
+        "```\n\n**Start verl on it** (replace the `/path/to/` parts):\n\n```bash\n",
         launch_line(report) + "\n",
         "```\n\n**verl_overrides.txt:**\n\n```\n",
         *(f"{line}\n" for line in report.verl.lines()),

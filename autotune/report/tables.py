@@ -12,7 +12,9 @@ from optuna.trial import FrozenTrial
 from autotune.config.knobs import ProbeConfig
 from autotune.formats.rollout import RULES
 from autotune.models.names import verl_model_path
+from autotune.probe.conditions import worst_disturbance
 from autotune.search import pick
+from autotune.search.live import SHORT_NAMES
 from autotune.search.study import describe_budget, trial_config, trial_status
 from autotune.status import Attr, Status
 from autotune.units import GIB
@@ -24,26 +26,31 @@ if TYPE_CHECKING:
 __all__ = [
     "Table",
     "closest_table",
+    "conditions_lines",
     "cost_table",
     "front_table",
+    "gain_lines",
     "gains_table",
     "gib",
     "headline",
     "knob_cells",
+    "legend_line",
     "memory_model_table",
     "model_error_line",
+    "near_miss_table",
     "recipe_lines",
-    "recommendation_table",
     "remeasured_lead",
     "remeasured_line",
     "remeasured_table",
     "seconds",
     "show",
+    "trials_table",
+    "verdict_line",
     "verl_lines",
 ]
 
 Table = tuple[list[str], list[list[str]]]
-KNOB_COLUMNS = (
+KNOB_COLUMNS = (  # short names as in the run's trial lines (search.live), explained by legend_line
     ("T", "train_batch_size"),
     ("R", "rollout_batch_size"),
     ("m", "micro_batch_size"),
@@ -116,15 +123,6 @@ def show(value: object) -> str:
     return "null" if value is None else str(value)
 
 
-def recommendation_table(report: ReportData) -> Table:
-    """best_config.yaml as rows, sections flattened to `section.key`."""
-    rows = []
-    for key, value in (report.best_config or {}).items():
-        items = value.items() if isinstance(value, dict) else [(None, value)]
-        rows += [[f"{key}.{sub}" if sub else key, show(v)] for sub, v in items]
-    return ["key", "value"], rows
-
-
 def remeasured_table(report: ReportData) -> Table:
     """Each contender re-measured before the pick: every samples/sec figure, their mean and spread."""
     chosen = report.selection.chosen
@@ -181,7 +179,15 @@ def closest_table(report: ReportData) -> Table:
 
 
 def gains_table(report: ReportData) -> Table:
-    headers = ["hand-made config", "trial", "status", "samples/s", "peak GiB", "tuned / hand-made"]
+    headers = [
+        "hand-made config",
+        "trial",
+        "status",
+        "samples/s",
+        "peak GiB",
+        "tuned / hand-made",
+        "measured",
+    ]
     rows = []
     for gain in report.gains:
         t = gain.trial
@@ -192,8 +198,10 @@ def gains_table(report: ReportData) -> Table:
                 "runs where it did not" if report.selection.chosen and trial_status(t) != Status.OK else "-"
             )
         )
+        speed = gain.seed_speed if gain.seed_speed is not None else t.values[0]
+        basis = "back to back, in turn" if gain.back_to_back else "first probes (not back to back)"
         rows.append(
-            [gain.name, f"#{t.number}", trial_status(t), f"{t.values[0]:.3f}", gib(t.values[1]), ratio]
+            [gain.name, f"#{t.number}", trial_status(t), f"{speed:.3f}", gib(t.values[1]), ratio, basis]
         )
     return headers, rows
 
@@ -335,3 +343,118 @@ def _recipe_parts(recipe: dict, tune: list[str]) -> list[str]:
 
 def _listed(values: object) -> str:
     return f"({', '.join(map(str, values))})" if isinstance(values, list) else str(values)
+
+
+# --- what leads the report: the verdict, the gain, the near misses, every trial ----------------------------
+
+
+def verdict_line(report: ReportData) -> str:
+    """`Recommended: trial #7, 4.48 samples/s (mean of 3 probes) at 0.601 GiB peak per GPU (limit ...)`."""
+    chosen, figures = report.selection.chosen, report.headline
+    if chosen is None or figures is None:
+        return f"No feasible configuration: no trial ran within {gib(report.budget.limit)} GiB per GPU."
+    return (
+        f"Recommended: trial #{chosen.number}, {figures.samples_per_sec:.3f} samples/s ({figures.basis}) at "
+        f"{gib(figures.peak_bytes)} GiB peak per GPU (feasible <= {gib(report.budget.limit)} GiB)."
+    )
+
+
+def gain_lines(report: ReportData) -> list[str]:
+    """Each gain with what it rests on: measured back to back, or the first measurements (with the warning
+    that the machine's load may have made it), and what other work took meanwhile."""
+    lines = []
+    for g in report.gains:
+        if not g.ratio:
+            continue
+        if g.back_to_back:
+            basis = "measured back to back, in turn, in the same conditions"
+        else:
+            basis = (
+                "first measurements, not back to back: the machine's load at each probe may account for "
+                "part of it"
+            )
+        busy = f"; during those probes {'; '.join(g.conditions)}" if g.conditions else ""
+        lines.append(f"{g.ratio:.2f}x the samples/s of the hand-made config '{g.name}' ({basis}{busy}).")
+    return lines
+
+
+def conditions_lines(report: ReportData) -> list[str]:
+    """A warning when other work slowed probes: their samples/s understate their configurations."""
+    if not report.disturbed:
+        return []
+    numbers = ", ".join(f"#{trial.number}" for trial, _ in report.disturbed)
+    worst = worst_disturbance([environment_of(trial) for trial, _ in report.disturbed])
+    return [
+        f"Warning: probes {numbers} ran while other work used the machine ({worst}): their samples/s "
+        f"understate their configurations (the trial table says how much each saw); re-run on a quiet "
+        f"machine, or `autotune report --confirm` to measure the pick and the hand-made configs again."
+    ]
+
+
+def environment_of(trial: FrozenTrial) -> dict:
+    return (trial.user_attrs.get(Attr.RESULT) or {}).get("environment") or {}
+
+
+def near_miss_table(report: ReportData) -> Table:
+    headers = ["trial", "samples/s", "peak GiB", *(h for h, _ in KNOB_COLUMNS), "why it was not picked"]
+    rows = [
+        [f"#{miss.trial.number}", *_figures(miss.trial)[::2], *knob_cells(miss.trial), miss.why]
+        for miss in report.near_misses
+    ]
+    return headers, rows
+
+
+def trials_table(report: ReportData) -> Table:
+    """Every trial, in order: status, configuration, figures, and what else a reader needs."""
+    headers = [
+        "trial",
+        "status",
+        "samples/s",
+        "peak GiB",
+        "predicted GiB",
+        "seconds",
+        *(h for h, _ in KNOB_COLUMNS),
+        "note",
+    ]
+    rows = []
+    disturbed = dict((t.number, text) for t, text in report.disturbed)
+    for trial in report.trials:
+        attrs = trial.user_attrs
+        result = attrs.get(Attr.RESULT) or {}
+        done = trial.values is not None
+        ok = done and trial_status(trial) == Status.OK
+        notes = []
+        if attrs.get(Attr.SEED_CONFIG):
+            notes.append(f"hand-made '{attrs[Attr.SEED_CONFIG]}'")
+        if attrs.get(Attr.DUPLICATE_OF) is not None:
+            notes.append(f"= #{attrs[Attr.DUPLICATE_OF]}")
+        if trial.number in disturbed:
+            notes.append(disturbed[trial.number])
+        if not ok and result.get("message"):
+            notes.append(str(result["message"]).splitlines()[0][:100])
+        predicted = attrs.get(Attr.PREDICTED_PEAK_BYTES)
+        rows.append(
+            [
+                f"#{trial.number}",
+                trial_status(trial),
+                f"{trial.values[0]:.3f}" if ok else "-",
+                gib(trial.values[1]) if done and trial.values[1] else "-",
+                gib(predicted) if predicted else "-",
+                f"{result['wall_seconds']:.0f}" if result.get("wall_seconds") else "-",
+                *knob_cells(trial),
+                "; ".join(notes),
+            ]
+        )
+    return headers, rows
+
+
+def legend_line() -> str:
+    """The short column names, explained."""
+    words = dict((short, text) for short, _, text in SHORT_NAMES)
+    parts = [f"{short} {words.get(short, attr)}" for short, attr in KNOB_COLUMNS if short in words]
+    return (
+        "Columns: "
+        + ", ".join(parts)
+        + "; ckpt gradient checkpointing; shard how the training states are split over the GPUs (replicate: "
+        "every GPU holds all; full_shard / shard_grad_op: FSDP); offload which states wait on the CPU."
+    )

@@ -10,6 +10,7 @@ Files:
     trials.csv           every trial: state, status, knobs, params, figures, phases, seed name
     report.md            the same story as the HTML, in text
     report.html          self-contained (inline SVG plots, inline CSS, no scripts): opens offline
+    summary.json         the pick, its figures, the gain, near misses, warnings, the files, the launch line
 
 When no trial is feasible, best_config.yaml and verl_overrides.txt are not written (stale ones from an
 earlier report are removed), the reports list the closest trials and what to change, and `exit_code` is 1.
@@ -19,9 +20,12 @@ Every file is written through a temporary file and a rename: a full disk never l
 from __future__ import annotations
 
 import datetime as dt
+import json
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -29,17 +33,25 @@ from optuna.trial import FrozenTrial
 from autotune.errors import Unavailable, UserError
 from autotune.files import make_folder, write_whole
 from autotune.formats.verl import format_overrides
-from autotune.report.data import ReportData, best_config_yaml, build_report
+from autotune.report.data import ReportData, best_config_yaml, build_report, config_yaml
 from autotune.report.markdown import render_markdown
-from autotune.report.tables import launch_line, recipe_lines, remeasured_line
+from autotune.report.tables import (
+    conditions_lines,
+    gain_lines,
+    launch_line,
+    recipe_lines,
+    remeasured_line,
+    verdict_line,
+)
 from autotune.search.plan import StudyPlan
 from autotune.search.study import Budget, trial_status
 from autotune.status import Attr
-from autotune.units import gib
+from autotune.units import GIB, gib
 
-__all__ = ["FILES", "ReportResult", "study_plan", "write_report"]
+__all__ = ["FILES", "SUMMARY_FILE", "ReportResult", "study_plan", "summary", "write_report"]
 
-FILES = ("best_config.yaml", "verl_overrides.txt", "trials.csv", "report.md", "report.html")
+FILES = ("best_config.yaml", "verl_overrides.txt", "trials.csv", "report.md", "report.html", "summary.json")
+SUMMARY_FILE = "summary.json"
 
 
 @dataclass
@@ -79,6 +91,7 @@ def write_report(
     plan: StudyPlan | None = None,
     exclude: Iterable[int] = (),
     now: dt.datetime | None = None,
+    run: dict[str, Any] | None = None,
 ) -> ReportResult:
     """Select the Pareto-best trial and write the five report files into `out_dir`.
 
@@ -101,6 +114,8 @@ def write_report(
     if report.best_config is not None and report.verl is not None:
         texts["best_config.yaml"] = best_config_yaml(report)
         texts["verl_overrides.txt"] = format_overrides(report.verl.values)
+    written = [name for name in FILES if name in texts] + [SUMMARY_FILE]
+    texts[SUMMARY_FILE] = json.dumps(summary(report, out_dir, written, run), indent=2) + "\n"
     files = {}
     for name in FILES:
         path = out_dir / name
@@ -122,14 +137,18 @@ def write_report(
         report.selection.chosen,
         report.selection.front,
         report.selection.closest,
-        summary_lines(report, out_dir),
+        summary_lines(report, out_dir, files),
     )
 
 
-def summary_lines(report: ReportData, out_dir: Path) -> list[str]:
+def summary_lines(report: ReportData, out_dir: Path, files: dict[str, Path]) -> list[str]:
+    """What the terminal shows last: the verdict and the gain, the configuration, the files by absolute
+    path, and the command to copy."""
     chosen, budget = report.selection.chosen, report.budget
+    recipe = " ".join(recipe_lines(report.plan))  # one line: what was trained, and what of it was searched
+    lines = [recipe] if recipe else []
     if chosen is None:
-        lines = [
+        lines += [
             f"no feasible configuration: no trial ran within {gib(budget.limit)} GiB "
             f"(budget {gib(budget.bytes)} GiB less {budget.headroom:.0%} headroom)"
         ]
@@ -139,16 +158,72 @@ def summary_lines(report: ReportData, out_dir: Path) -> list[str]:
             ]
             lines += [f"  - {tip}" for tip in report.advice.get(trial.number, [])[1:4]]
     else:
-        lines = [
-            f"recommended: trial #{chosen.number}, {chosen.values[0]:.3f} samples/s at "
-            f"{gib(chosen.values[1])} GiB (feasible <= {gib(budget.limit)} GiB)"
-        ]
+        lines += [verdict_line(report)]
         if report.remeasured:
             lines += [f"  {remeasured_line(report)}"]
-        lines += [f"{g.ratio:.2f}x the hand-made config '{g.name}'" for g in report.gains if g.ratio]
+        lines += gain_lines(report) + conditions_lines(report)
+        lines += ["configuration (best_config.yaml):"]
+        lines += ["  " + line for line in config_yaml(report).splitlines()]
+    lines += ["files:"] + [f"  {path.resolve()}" for name, path in files.items() if name != "report.md"]
+    run_log = out_dir / "run.log"
+    if run_log.exists():
+        lines += [f"  {run_log.resolve()}"]
+    if chosen is not None:
         lines += [
             "start verl on it (replace the /path/to/ parts):",
             "  " + launch_line(report, str((out_dir / "verl_overrides.txt").resolve())),
         ]
-    recipe = " ".join(recipe_lines(report.plan))  # one line: what was trained, and what of it was searched
-    return [*([recipe] if recipe else []), *lines, f"report: {out_dir / 'report.html'}"]
+    return lines
+
+
+def summary(
+    report: ReportData, out_dir: Path, written: list[str], run: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """summary.json: the run in numbers, for scripts and overnight pipelines (docs/design.md: its keys)."""
+    chosen, figures, budget = report.selection.chosen, report.headline, report.budget
+    recommended = None
+    if chosen is not None and figures is not None:
+        measured = (report.best_config or {}).get("measured", {})
+        recommended = {
+            "trial": chosen.number,
+            "samples_per_sec": round(figures.samples_per_sec, 4),
+            "tokens_per_sec": measured.get("tokens_per_sec"),
+            "peak_memory_gib": round(figures.peak_bytes / GIB, 4),
+            "measurements": figures.measurements,
+            "basis": figures.basis,
+            "config": (chosen.user_attrs.get(Attr.CONFIG) or {}),
+        }
+    return {
+        "study": report.study_name,
+        "written": report.created,
+        "exit_code": 0 if chosen is not None else 1,
+        "run": run,
+        "recommended": recommended,
+        "gain": [
+            {
+                "hand_made": g.name,
+                "trial": g.trial.number,
+                "ratio": None if g.ratio is None else round(g.ratio, 4),
+                "back_to_back": g.back_to_back,
+                "hand_made_samples_per_sec": g.seed_speed,
+                "conditions": g.conditions,
+            }
+            for g in report.gains
+        ],
+        "near_misses": [
+            {
+                "trial": miss.trial.number,
+                "samples_per_sec": miss.trial.values[0],
+                "peak_memory_gib": round(miss.trial.values[1] / GIB, 4),
+                "why": miss.why,
+            }
+            for miss in report.near_misses
+        ],
+        "warnings": conditions_lines(report),
+        "budget": {"gib": budget.bytes / GIB, "limit_gib": budget.limit / GIB, "headroom": budget.headroom},
+        "recipe": report.plan.recipe,
+        "trials": dict(sorted(Counter(trial_status(t) for t in report.trials).items())),
+        "cost": report.cost,
+        "files": {name: str((out_dir / name).resolve()) for name in written},
+        "launch": launch_line(report, str((out_dir / "verl_overrides.txt").resolve())) if chosen else None,
+    }
