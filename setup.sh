@@ -12,19 +12,28 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON="${PYTHON:-python3}"
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+say() { echo "setup.sh: $*"; } # each step, so that a minute of pip is not a silent minute
+[ -x .venv/bin/python ] || { say "creating .venv"; "$PYTHON" -m venv .venv; }
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
-.venv/bin/python -c "import torch" 2>/dev/null || "${pip[@]}" "torch==2.13.0"
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  say "installing torch 2.13.0 (seconds from a local CPU build, minutes from PyPI)"
+  "${pip[@]}" "torch==2.13.0"
+fi
 if [ "${1:-}" != "test" ]; then
+  say "installing autotune and its dependencies into .venv"
   "${pip[@]}" -e .
+  say "done: .venv/bin/autotune --help"
   exit 0
 fi
+say "installing autotune with the test tools (pytest, ruff, hypothesis, psycopg2, hydra-core) into .venv"
 "${pip[@]}" -e ".[test]" hydra-core
 # verl 0.9.1 with its own dependencies, in its own environment: the tests compose autotune's exports with its
 # Hydra config and run its validate_config; autotune never imports it.
 [ -x .venv-verl/bin/python ] || "$PYTHON" -m venv .venv-verl
-.venv-verl/bin/python -c "import verl" 2>/dev/null \
-  || .venv-verl/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" "verl==0.9.1" orjson
+.venv-verl/bin/python -c "import verl" 2>/dev/null || {
+  say "installing verl 0.9.1 and its dependencies into .venv-verl (the exports' referee; a few minutes)"
+  .venv-verl/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" "verl==0.9.1" orjson
+}
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   echo "setup.sh: not root with apt-get, so no Debian chromium or postgresql: the tests needing them skip" \
     "(the PostgreSQL tests use AUTOTUNE_TEST_POSTGRES=postgresql+psycopg2://... when set)"
@@ -34,10 +43,16 @@ apt_install() { # quietly, with one `apt-get update` per run
   [ -n "${apt_updated:-}" ] || { apt-get update -qq && apt_updated=1; }
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
-command -v chromium >/dev/null || apt_install chromium
+if ! command -v chromium >/dev/null; then
+  say "installing Debian's chromium (the report's browser tests)"
+  apt_install chromium
+fi
 # PostgreSQL: the server package once, then our own cluster (created once, started whenever it is down, e.g.
 # after a reboot), then the role and database; the password is kept only in .venv/postgres-url.
-compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || apt_install --no-install-recommends postgresql
+if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null; then
+  say "installing Debian's postgresql (the PostgreSQL storage tests)"
+  apt_install --no-install-recommends postgresql
+fi
 pg_cluster() { pg_lsclusters -h | awk '$2 == "autotune" { print $1, $3, $4 }'; } # version port status
 read -r pg_ver pg_port pg_status <<<"$(pg_cluster)"
 if [ -z "$pg_ver" ]; then
@@ -47,7 +62,10 @@ if [ -z "$pg_ver" ]; then
   echo "listen_addresses = '127.0.0.1'" >"/etc/postgresql/$pg_ver/autotune/conf.d/listen.conf"
   read -r pg_ver pg_port pg_status <<<"$(pg_cluster)"
 fi
-[[ "$pg_status" == online* ]] || pg_ctlcluster "$pg_ver" autotune start
+if [[ "$pg_status" != online* ]]; then
+  say "starting the PostgreSQL cluster 'autotune'"
+  pg_ctlcluster "$pg_ver" autotune start
+fi
 pg_url_file=.venv/postgres-url
 pg_pass=$(sed -n 's#^postgresql+psycopg2://autotune:\([0-9a-f]*\)@.*#\1#p' "$pg_url_file" 2>/dev/null || true)
 if [ -z "$pg_pass" ] || ! PGPASSWORD="$pg_pass" PGCONNECT_TIMEOUT=5 psql -X -qtA -h 127.0.0.1 -p "$pg_port" \
@@ -62,3 +80,4 @@ if [ -z "$pg_pass" ] || ! PGPASSWORD="$pg_pass" PGCONNECT_TIMEOUT=5 psql -X -qtA
 fi
 (umask 077 && echo "postgresql+psycopg2://autotune:$pg_pass@127.0.0.1:$pg_port/autotune_test" >"$pg_url_file")
 chmod 600 "$pg_url_file"
+say "done: the tests run with .venv/bin/python -m pytest"

@@ -437,7 +437,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     from autotune.probe.contract import ProbeSettings
     from autotune.probe.devices import resolve_device
     from autotune.probe.launcher import run_probe
-    from autotune.report.console import print_probe_result
+    from autotune.report.console import print_probe_result, probing
     from autotune.status import Status
 
     config = ProbeConfig(**parse_sets(args.sets))
@@ -460,7 +460,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         seed=args.seed,
         trust_remote_code=args.trust_remote_code,
     )
-    result = run_probe(config, settings)
+    with probing(config, settings):
+        result = run_probe(config, settings)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

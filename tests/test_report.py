@@ -229,7 +229,7 @@ def test_no_feasible_trial_writes_no_recommendation_and_exits_non_zero(tmp_path)
 def test_an_empty_study_reports_without_crashing(tmp_path):
     result = write_report(new_study("empty"), tmp_path, BUDGET)
     assert result.exit_code == 1
-    assert "No feasible configuration" in (tmp_path / "report.md").read_text()
+    assert "No trial was measured yet" in (tmp_path / "report.md").read_text()
 
 
 def test_a_running_sqlite_study_is_reported_from_its_stored_context(tmp_path):

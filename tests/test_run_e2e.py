@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -67,15 +68,33 @@ def test_twelve_trials_each_a_new_configuration_and_at_most_one_oom(twelve_trial
     assert statuses.count("oom") <= 1, statuses  # the sampler keeps probes within the memory model's budget
     configs = [str(sorted(t.user_attrs["config"].items())) for t in complete]
     assert len(set(configs)) == len(configs)  # the sampler never proposes a decided configuration again
-    assert "best configuration" in proc.stdout and "memory model:" in proc.stdout
+    assert "Recommended: trial #" in proc.stdout and "memory model:" in proc.stdout
+    trial_lines = [
+        line
+        for line in proc.stdout.splitlines()
+        if re.match(r"#\d+ +(ok|oom|predicted_oom|inferred_oom) ", line)
+    ]
+    assert len(trial_lines) == 12, proc.stdout[-3000:]  # a line per finished trial, in a pipe too
+    log = (out / default_name(out) / "run.log").read_text()
+    assert all(line in log for line in trial_lines)  # and the same lines in the run's log
     print(f"12 trials in {seconds:.0f} s")  # the 10-minute bound is a benchmark figure, not a test
 
 
 def test_run_writes_the_report_with_the_chosen_trials_figures(twelve_trials):
     _, out, _ = twelve_trials
     folder = out / default_name(out)
-    for name in ("best_config.yaml", "verl_overrides.txt", "trials.csv", "report.md", "report.html"):
+    for name in (
+        "best_config.yaml",
+        "verl_overrides.txt",
+        "trials.csv",
+        "report.md",
+        "report.html",
+        "run.log",
+    ):
         assert (folder / name).is_file(), name
+    summary = json.loads((folder / "summary.json").read_text())
+    assert {"recommended", "gain", "files", "launch", "near_misses", "warnings", "run"} <= set(summary)
+    assert all(Path(path).is_file() and Path(path).is_absolute() for path in summary["files"].values())
     best = yaml.safe_load((folder / "best_config.yaml").read_text())
     seed_keys = (
         "rollout_batch_size",
@@ -97,8 +116,10 @@ def test_run_writes_the_report_with_the_chosen_trials_figures(twelve_trials):
     if remeasured:  # the leaders were probed again: the pick is one of them, and the report shows them
         assert str(trial.number) in remeasured
         assert "## Re-measured before the pick" in (folder / "report.md").read_text()
-    assert best["measured"]["samples_per_sec"] == trial.values[0]
-    assert best["measured"]["peak_memory_bytes"] == trial.values[1]
+    # The figures every file states: the mean of the config's measurements, the highest of their peaks.
+    assert best["measured"]["samples_per_sec"] == summary["recommended"]["samples_per_sec"]
+    assert best["measured"]["measurements"] == summary["recommended"]["measurements"] >= 1
+    assert best["measured"]["peak_memory_bytes"] >= trial.values[1]
     assert {key: trial.user_attrs["config"][key] for key in knobs} == knobs
     assert best["actor_model_config"]["model_name_or_path"] != "unknown"
 
@@ -267,5 +288,9 @@ def test_report_confirm_reprobes_the_winner(twelve_trials):
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     assert "confirming trial #" in proc.stdout
     confirmations = load(out, name).user_attrs["confirmations"]
-    assert confirmations and all(c["status"] for c in confirmations.values())
-    assert (out / name / "report.html").is_file()
+    assert confirmations and all(len(c["samples_per_sec"]) == 2 for c in confirmations.values())
+    summary = json.loads((out / name / "summary.json").read_text())
+    if "confirmed:" in proc.stdout:  # the confirmation's figures replace the headline in every file
+        assert summary["recommended"]["basis"].startswith("confirmed")
+        best = yaml.safe_load((out / name / "best_config.yaml").read_text())
+        assert best["measured"]["samples_per_sec"] == summary["recommended"]["samples_per_sec"]

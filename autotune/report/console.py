@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from autotune.probe.contract import ProbeResult
+from autotune.config.knobs import ProbeConfig
+from autotune.probe.contract import ProbeResult, ProbeSettings
+from autotune.search.live import short_config
 from autotune.units import GIB
 
-__all__ = ["print_models", "print_probe_result"]
+__all__ = ["print_models", "print_probe_result", "probing"]
+
+
+@contextlib.contextmanager
+def probing(config: ProbeConfig, settings: ProbeSettings) -> Iterator[None]:
+    """Say on stderr what the probe is doing while it runs (a minute of silence reads as a hang); a spinner
+    with the elapsed time on a terminal, one line otherwise. stdout stays free for --json."""
+    console = Console(stderr=True)
+    what = (
+        f"probing {short_config(config)} on {settings.device} × {settings.world_size}: start-up, "
+        f"{settings.warmup_iterations} warm-up and {settings.iterations} measured iteration(s), at most "
+        f"{settings.timeout_seconds:.0f} s"
+    )
+    if not console.is_terminal:
+        console.print(what, markup=False, highlight=False, soft_wrap=True)
+        yield
+        return
+    with console.status(what, spinner="dots"):
+        yield
 
 
 def _gib(value: int | None) -> str:

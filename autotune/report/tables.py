@@ -351,6 +351,8 @@ def _listed(values: object) -> str:
 def verdict_line(report: ReportData) -> str:
     """`Recommended: trial #7, 4.48 samples/s (mean of 3 probes) at 0.601 GiB peak per GPU (limit ...)`."""
     chosen, figures = report.selection.chosen, report.headline
+    if chosen is None and not report.complete:
+        return "No trial was measured yet: nothing to recommend."
     if chosen is None or figures is None:
         return f"No feasible configuration: no trial ran within {gib(report.budget.limit)} GiB per GPU."
     return (

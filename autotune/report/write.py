@@ -147,7 +147,9 @@ def summary_lines(report: ReportData, out_dir: Path, files: dict[str, Path]) -> 
     chosen, budget = report.selection.chosen, report.budget
     recipe = " ".join(recipe_lines(report.plan))  # one line: what was trained, and what of it was searched
     lines = [recipe] if recipe else []
-    if chosen is None:
+    if chosen is None and not report.complete:
+        lines += ["no trial was measured yet: nothing to recommend"]
+    elif chosen is None:
         lines += [
             f"no feasible configuration: no trial ran within {gib(budget.limit)} GiB "
             f"(budget {gib(budget.bytes)} GiB less {budget.headroom:.0%} headroom)"

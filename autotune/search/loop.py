@@ -232,6 +232,7 @@ def tune(
             TextColumn("{task.description}"),
             console=console,
             transient=False,
+            disable=not console.is_terminal,  # in a file or a pipe the trial lines say it all, unclipped
         ) as progress,
     ):
         loop = SlotLoop(tuner, trials, deadline, control, view)
@@ -299,7 +300,7 @@ def probe_study(
     return reason
 
 
-def settle_pick(tuner: Tuner, settings: ProbeSettings, console: Console) -> int:
+def settle_pick(tuner: Tuner, settings: ProbeSettings, narrator: Narrator) -> int:
     """Re-measure the configurations within the probe noise of the fastest before the report, alternately,
     within a share of the study's probing time (autotune.search.pick); returns the re-probes run. Ctrl-C
     stops it (twice: kills the running re-probe); a storage error ends it with what was kept."""
@@ -313,19 +314,21 @@ def settle_pick(tuner: Tuner, settings: ProbeSettings, console: Console) -> int:
     )
     allowed = probed * pick.TIME_SHARE
     numbers = ", ".join(f"#{t.number}" for t in rivals)
-    console.print(
+    narrator.say(
         f"re-measuring the {len(rivals)} configurations within {pick.NOISE:.0%} of the fastest ({numbers}), "
         f"one after the other, for at most {allowed:.0f} s ({pick.TIME_SHARE:.0%} of the probing time): "
-        f"the pick goes by the mean"
+        f"the pick goes by the mean",
+        markup=False,
     )
 
     def show(trial, result: ProbeResult) -> None:
-        console.print(
+        narrator.say(
             f"  #{trial.number} again: {result.status} {result.samples_per_sec:.2f} samples/s, "
-            f"{result.peak_memory_bytes / GIB:.3f} GiB"
+            f"{result.peak_memory_bytes / GIB:.3f} GiB",
+            markup=False,
         )
 
-    with StopControl(console) as control:
+    with StopControl(narrator.console) as control:
         try:
             return pick.remeasure(
                 study,
@@ -338,7 +341,7 @@ def settle_pick(tuner: Tuner, settings: ProbeSettings, console: Console) -> int:
                 lambda: control.stop_requested,
             )
         except Exception as exc:  # the storage went away: the pick goes by what was kept
-            console.print(f"[yellow]re-measuring stopped: {type(exc).__name__}: {exc}[/yellow]")
+            narrator.say(f"re-measuring stopped: {type(exc).__name__}: {exc}", markup=False, style="yellow")
             return 0
 
 
@@ -427,12 +430,16 @@ def replay_pending(tuner: Tuner, console: Console) -> None:
         )
 
 
-def print_summary(tuner: Tuner, console: Console, error: float | None, count: int) -> None:
+def print_summary(tuner: Tuner, narrator: Narrator, error: float | None, count: int) -> None:
     counts = status_counts(tuner.study)
-    console.print("trials by status: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    narrator.say(
+        "trials by status: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())), markup=False
+    )
     if error is None:
-        console.print("memory model: no probe was measured after calibration yet")
+        narrator.say("memory model: no probe was measured after calibration yet", markup=False)
     else:
-        console.print(
-            f"memory model: median relative error {error:.1%} over {count} probes predicted after calibration"
+        narrator.say(
+            f"memory model: median relative error {error:.1%} over {count} probes predicted after "
+            "calibration",
+            markup=False,
         )

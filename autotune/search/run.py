@@ -106,9 +106,9 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
         view = LiveView(narrator, tuple(plan.tune or ()))
         reason = probe_study(tuner, options.trials, options.time_budget_seconds, slots, console, view)
         if reason == TRIALS_DONE:
-            settle_pick(tuner, slots[0].apply(settings), console)
+            settle_pick(tuner, slots[0].apply(settings), narrator)
             settle_gain(tuner, slots[0].apply(settings), narrator)
-        print_summary(tuner, console, *memory_model_error(study))
+        print_summary(tuner, narrator, *memory_model_error(study))
         run = {
             "stopped": reason,
             "trials_done": len(finished_trials(study)),

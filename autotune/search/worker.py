@@ -67,10 +67,12 @@ def worker_settings(plan: StudyPlan, device: str, trust_remote_code: bool) -> Pr
 
 
 def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
+    from autotune.files import make_folder
     from autotune.memory.model import Architecture, MemoryModel
     from autotune.models.registry import resolve_model, resolve_reward_model
     from autotune.probe.devices import device_label, resolve_device
-    from autotune.search.loop import print_summary, probe_study
+    from autotune.search.live import RUN_LOG, Narrator
+    from autotune.search.loop import LiveView, print_summary, probe_study
     from autotune.search.outage import PENDING_FILE
     from autotune.search.prepare import check_offload, machine_identity
     from autotune.search.sampler import SystemSampler
@@ -110,8 +112,12 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
         f"{len(finished_trials(study))} of {trials} trials complete; {space.model} on {space.gpus} "
         f"{device} rank(s) per probe"
     )
-    probe_study(tuner, trials, options.time_budget_seconds, slots, console)
-    print_summary(tuner, console, *memory_model_error(study))
+    narrator = Narrator(
+        console, make_folder(options.out / options.study) / RUN_LOG
+    )  # the same lines as `run`
+    view = LiveView(narrator, tuple(plan.tune or ()))
+    probe_study(tuner, trials, options.time_budget_seconds, slots, console, view)
+    print_summary(tuner, narrator, *memory_model_error(study))
     console.print(
         f"report: autotune report --study {options.study} --storage '{redact(options.storage)}'",
         markup=False,

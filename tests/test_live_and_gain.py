@@ -1,0 +1,195 @@
+"""The live view (trial lines, ETA, run.log), the machine-conditions figures, and the back-to-back gain with
+the figures every file states — no probe runs: the probe is a function here."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+from rich.console import Console
+
+from autotune.probe.conditions import CpuWindow, disturbance, other_cores, worst_disturbance
+from autotune.probe.contract import ProbeResult, ProbeSettings
+from autotune.report.write import write_report
+from autotune.search import gain
+from autotune.search.live import Narrator, eta_text, short_config, trial_line
+from autotune.search.plan import StudyPlan
+from autotune.search.study import trial_config
+from autotune.status import StudyAttr
+from autotune.units import GIB
+from tests.report_studies import BUDGET, knobs, new_study, record, result_attrs
+
+BUSY = {"load": {"other_cores": 1.3, "cores": 2}}
+QUIET = {"load": {"other_cores": 0.02, "cores": 2}}
+
+
+# --- conditions -----------------------------------------------------------------------------------------
+
+
+def test_other_cores_is_the_machines_busy_time_less_the_ranks_own_over_the_window():
+    windows = [
+        {"wall_seconds": 10.0, "own_cpu_seconds": 12.0, "machine_busy_seconds": 21.0},
+        {"wall_seconds": 10.0, "own_cpu_seconds": 4.0, "machine_busy_seconds": None},
+    ]
+    assert other_cores(windows) == 0.5  # (21 - 12 - 4) / 10
+    assert other_cores([*windows[:1], None]) is None  # a rank that did not report: unknown, not zero
+    assert other_cores([{"wall_seconds": 5.0, "own_cpu_seconds": 9.0, "machine_busy_seconds": 8.0}]) == 0.0
+
+
+def test_disturbance_speaks_only_when_other_work_matters():
+    assert disturbance(QUIET) == "" and disturbance({}) == ""
+    assert disturbance(BUSY) == "other work kept 1.3 of 2 cores busy"
+    gpu = {
+        "load": {
+            "other_cores": 0.0,
+            "cores": 64,
+            "gpus": [{"index": 1, "used_bytes": 3 * GIB, "utilization": 40.0}],
+        }
+    }
+    assert disturbance(gpu) == "GPU 1 had 3.0 GiB and 40% in use by others"
+    assert worst_disturbance([QUIET, BUSY, {"load": {"other_cores": 0.5, "cores": 2}}]) == (
+        "other work kept up to 1.3 of 2 cores busy"
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads /proc (Linux)")
+def test_a_window_counts_its_own_cpu_time_and_the_machines():
+    window = CpuWindow()
+    total = 0
+    for number in range(2_000_000):
+        total += number
+    figures = window.stop()
+    assert (
+        figures["own_cpu_seconds"] > 0 and figures["machine_busy_seconds"] >= figures["own_cpu_seconds"] * 0.5
+    )
+
+
+# --- live view ------------------------------------------------------------------------------------------
+
+
+def test_a_trial_line_has_the_configuration_figures_and_what_else_matters():
+    study = new_study()
+    seed = record(study, "ok", knobs(), 12.5, 0.5, seed_config="hand")
+    seed_line = trial_line(seed)
+    assert seed_line.startswith("#0   ok") and "R8 m2 g4 lm" in seed_line and "12.500 samples/s" in seed_line
+    assert "0.500 GiB" in seed_line and "hand-made 'hand'" in seed_line and "T32" not in seed_line
+    busy = result_attrs(knobs(), 10.0, int(0.6 * GIB))
+    busy["environment"] = BUSY
+    loaded = record(
+        study, "ok", knobs(micro_batch_size=4, gradient_accumulation_steps=2), 10.0, 0.6, result=busy
+    )
+    assert "[other work kept 1.3 of 2 cores busy]" in trial_line(loaded)
+    oom = record(study, "oom", knobs(micro_batch_size=8, gradient_accumulation_steps=1), 0.0, 1.0)
+    assert "samples/s" not in trial_line(oom) and "oom" in trial_line(oom)
+    assert short_config(trial_config(seed), ["train_batch_size"]).startswith("T32 ")  # searched: shown
+
+
+def test_eta_goes_by_this_runs_pace_else_by_the_studys_earlier_probes():
+    assert eta_text(done_now=2, remaining=3, elapsed=60.0, past_walls=[], slots=1) == "ETA 0:01:30"
+    assert eta_text(0, 4, 5.0, [30.0, 50.0], slots=2) == "ETA 0:01:20"
+    assert eta_text(0, 4, 5.0, [], 1) == "ETA after the first trial" and eta_text(3, 0, 9.0, [], 1) == ""
+
+
+def test_the_narrator_logs_plain_lines_and_survives_a_log_it_cannot_write(tmp_path):
+    console = Console(file=io.StringIO(), width=200)
+    narrator = Narrator(console, tmp_path / "run.log")
+    narrator.say("[yellow]stopped[/yellow] after 3 s")
+    assert (tmp_path / "run.log").read_text().rstrip().endswith(" stopped after 3 s")
+    broken = Narrator(console, tmp_path / "missing" / "run.log")
+    broken.say("still printed")  # no exception: the study, not the log, holds the measurements
+    assert broken.log_path is None
+
+
+# --- the back-to-back gain ------------------------------------------------------------------------------
+
+
+def _study_with_a_winner_and_a_hand_made_config():
+    study = new_study()
+    seed = record(study, "ok", knobs(), 10.0, 0.5, seed_config="hand")
+    winner = record(study, "ok", knobs(micro_batch_size=4, gradient_accumulation_steps=2), 30.0, 0.6)
+    return study, seed, winner
+
+
+def _probe(speeds: dict[str, list[float]], order: list[str]):
+    """A probe that answers each configuration's next speed, and notes the order it was asked in."""
+
+    def probe(config, settings, cancel=None) -> ProbeResult:
+        key = str(config.micro_batch_size)
+        order.append(key)
+        speed = speeds[key].pop(0)
+        return ProbeResult(
+            status="ok", samples_per_sec=speed, peak_memory_bytes=int(0.61 * GIB), wall_seconds=1.0
+        )
+
+    return probe
+
+
+def test_the_gain_is_measured_in_turn_and_the_headline_is_the_mean_of_every_measurement(tmp_path):
+    study, seed, winner = _study_with_a_winner_and_a_hand_made_config()
+    assert gain.hand_made_rivals(study.trials, winner) == [seed]
+    order: list[str] = []
+    probe = _probe({"2": [12.0, 8.0], "4": [20.0, 24.0]}, order)
+    comparison = gain.compare(study, winner, [seed], probe, ProbeSettings())
+    assert order == ["2", "4", "2", "4"]  # hand-made, recommended, hand-made, recommended
+    assert comparison.ratio(seed.number) == pytest.approx(22.0 / 10.0)
+    figures = gain.headline(study, study.trials[winner.number])
+    assert figures.samples_per_sec == pytest.approx((30.0 + 20.0 + 24.0) / 3) and figures.measurements == 3
+    assert figures.peak_bytes == int(0.61 * GIB)  # the highest of the measurements
+
+    result = write_report(study, tmp_path, BUDGET, plan=StudyPlan(model="tiny-llama"))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["gain"][0]["back_to_back"] and summary["gain"][0]["ratio"] == pytest.approx(2.2)
+    assert summary["recommended"]["samples_per_sec"] == pytest.approx(24.6667, abs=1e-4)
+    best = yaml.safe_load((tmp_path / "best_config.yaml").read_text())
+    assert best["measured"]["samples_per_sec"] == summary["recommended"]["samples_per_sec"]
+    assert best["measured"]["measurements"] == 3
+    assert result.messages[0].startswith("Recommended: trial #1, 24.667 samples/s (mean of 3 probes)")
+    assert result.messages[1].startswith(
+        "2.20x the samples/s of the hand-made config 'hand' (measured back to back"
+    )
+    assert result.messages[-1].startswith("  python -m verl.trainer.main_ppo $(cat /")  # the command last
+
+
+def test_a_confirmation_replaces_the_headline():
+    study, seed, winner = _study_with_a_winner_and_a_hand_made_config()
+    probe = _probe({"2": [9.0, 9.0], "4": [27.0, 25.0]}, [])
+    gain.compare(study, winner, [seed], probe, ProbeSettings(iterations=6), confirmed=True)
+    figures = gain.headline(study, winner)
+    assert figures.samples_per_sec == pytest.approx(26.0) and figures.basis.startswith(
+        "confirmed: 6-iteration"
+    )
+    assert gain.comparison_for(study, winner.number).confirmed
+
+
+def test_a_comparison_stopped_before_both_sides_were_measured_is_not_kept():
+    study, seed, winner = _study_with_a_winner_and_a_hand_made_config()
+    cancel = threading.Event()
+
+    def probe(config, settings, cancel=cancel) -> ProbeResult:
+        cancel.set()  # a second Ctrl-C during the first probe
+        return ProbeResult(status="crashed")
+
+    assert gain.compare(study, winner, [seed], probe, ProbeSettings(), cancel=cancel) is None
+    assert StudyAttr.BACK_TO_BACK not in study.user_attrs
+
+
+def test_without_a_comparison_the_gain_says_it_rests_on_first_measurements(tmp_path):
+    study, _, _ = _study_with_a_winner_and_a_hand_made_config()
+    result = write_report(study, tmp_path, BUDGET, plan=StudyPlan(model="tiny-llama"))
+    assert any("3.00x" in line and "not back to back" in line for line in result.messages)
+
+
+def test_a_faster_trial_over_the_headroom_is_a_near_miss_with_its_reason(tmp_path):
+    study, _, _ = _study_with_a_winner_and_a_hand_made_config()
+    record(study, "ok", knobs(micro_batch_size=8, gradient_accumulation_steps=1), 40.0, 0.95)  # limit 0.9
+    write_report(study, tmp_path, BUDGET, plan=StudyPlan(model="tiny-llama"))
+    (miss,) = json.loads((tmp_path / "summary.json").read_text())["near_misses"]
+    assert (
+        miss["samples_per_sec"] == 40.0
+        and "within the 1.000 GiB budget but over the 10% headroom" in miss["why"]
+    )
+    assert "## Near misses" in (tmp_path / "report.md").read_text()
