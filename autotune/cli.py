@@ -47,6 +47,7 @@ GIB = argument(parse_float, maximum=MAX_GIB)  # memory budgets per rank
 SECONDS = argument(parse_float, maximum=MAX_SECONDS)  # timeouts
 SEED = argument(parse_int, minimum=0, maximum=2**32 - 1)  # numpy and torch take 32-bit seeds
 WARMUP = argument(parse_int, minimum=0, maximum=1000)
+ROUNDS = argument(parse_int, minimum=0, maximum=20)  # back-to-back rounds: each costs a probe per config
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, override: bool = False) -> None:
@@ -223,6 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--study", help="study name (default: <space>-<model>-<gpus>gpu)")
     run.add_argument("--out", type=Path, default=Path("reports"), help="output folder (default: reports)")
     run.add_argument("--seed", type=SEED, default=0, help="sampler seed (default 0)")
+    run.add_argument(
+        "--gain-rounds",
+        type=ROUNDS,
+        default=2,
+        metavar="N",
+        help="at the end, probe the recommended and each hand-made config in turn N times each for the gain "
+        "(default 2; 0 skips it: the gain then rests on first measurements, and the report says so)",
+    )
     run.add_argument(
         "--rollout-engine",
         choices=ROLLOUT_ENGINES,

@@ -184,7 +184,7 @@ def test_probe_killed_by_sigkill_is_crashed_and_the_run_goes_on(tmp_path):
     assert len(crashed) == 1 and "SIGKILL" in crashed[0].user_attrs["result"]["message"]
     assert len(finished_trials(study)) == 3  # the run went on to its trial count
     report = run_cli("report", "--study", "killed-probe", "--out", str(tmp_path))
-    assert report.returncode in (0, 1) and "report:" in report.stdout, report.stderr
+    assert report.returncode in (0, 1) and "report.html" in report.stdout, report.stderr
 
 
 # --- the output folder --------------------------------------------------------------------------------------

@@ -168,4 +168,4 @@ def test_run_parallel_2_records_twelve_trials_none_measured_twice(tmp_path):
     assert len(measured) == len(set(measured))
     assert (tmp_path / "par" / "trials.csv").exists()
     report = run_cli("report", "--study", "par", "--out", str(tmp_path))
-    assert report.returncode in (0, 1) and "report:" in report.stdout, report.stderr
+    assert report.returncode in (0, 1) and "report.html" in report.stdout, report.stderr

@@ -345,7 +345,9 @@ def settle_pick(tuner: Tuner, settings: ProbeSettings, narrator: Narrator) -> in
             return 0
 
 
-def settle_gain(tuner: Tuner, settings: ProbeSettings, narrator: Narrator) -> gain.Comparison | None:
+def settle_gain(
+    tuner: Tuner, settings: ProbeSettings, narrator: Narrator, rounds: int = gain.ROUNDS
+) -> gain.Comparison | None:
     """Probe the recommended configuration and the hand-made ones back to back, alternating, so that the gain
     compares measurements taken in the same conditions; skipped when the study already holds such a
     comparison for this recommendation (a finished study run again)."""
@@ -359,6 +361,11 @@ def settle_gain(tuner: Tuner, settings: ProbeSettings, narrator: Narrator) -> ga
     kept = gain.comparison_for(study, winner.number)
     if kept is not None and all(str(t.number) in kept.measurements for t in rivals):
         return kept
+    if rounds <= 0:
+        narrator.say(
+            "the gain is not measured back to back (--gain-rounds 0): it rests on first measurements"
+        )
+        return None
     names = ", ".join(f"'{t.user_attrs[Attr.SEED_CONFIG]}' (#{t.number})" for t in rivals)
 
     def say(text: str) -> None:
@@ -366,7 +373,7 @@ def settle_gain(tuner: Tuner, settings: ProbeSettings, narrator: Narrator) -> ga
 
     say(
         f"measuring the gain: the recommended #{winner.number} and the hand-made {names} probed in turn, "
-        f"{gain.ROUNDS} times each, in the same conditions"
+        f"{rounds} times each, in the same conditions"
     )
 
     def show(trial, result: ProbeResult) -> None:
@@ -387,6 +394,7 @@ def settle_gain(tuner: Tuner, settings: ProbeSettings, narrator: Narrator) -> ga
                 tuner.probe,
                 settings,
                 cancel=control.cancel,
+                rounds=rounds,
                 on_result=show,
                 should_stop=lambda: control.stop_requested,
             )

@@ -101,6 +101,7 @@ class RunOptions:
     mini_batch_size: int | None = None  # fixes the recipe's M, samples per optimizer step
     tune: list[str] | None = None  # recipe knobs to search as well (an algorithm change: the report says so)
     json: bool = False  # print summary.json on stdout; everything else goes to stderr
+    gain_rounds: int = 2  # back-to-back rounds of the recommended and hand-made configs at the end (0: none)
 
 
 def default_study_name(space_name: str, model: str, gpus: int, fingerprint: str) -> str:

@@ -107,7 +107,7 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
         reason = probe_study(tuner, options.trials, options.time_budget_seconds, slots, console, view)
         if reason == TRIALS_DONE:
             settle_pick(tuner, slots[0].apply(settings), narrator)
-            settle_gain(tuner, slots[0].apply(settings), narrator)
+            settle_gain(tuner, slots[0].apply(settings), narrator, options.gain_rounds)
         print_summary(tuner, narrator, *memory_model_error(study))
         run = {
             "stopped": reason,
