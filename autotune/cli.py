@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 from autotune.config.numbers import MAX_GIB, MAX_RANKS, MAX_SECONDS, argument, parse_float, parse_int
 from autotune.errors import UserError
 from autotune.formats.rollout import ROLLOUT_ENGINES
+from autotune.probe.contract import ENGINES
+from autotune.probe.verl.install import VERL_VERSION
 
 __all__ = [
     "add_check_parser",
@@ -102,6 +104,25 @@ def add_device_arguments(parser: argparse.ArgumentParser, override: bool = False
     )
 
 
+def add_engine_arguments(parser: argparse.ArgumentParser, engine: bool = True) -> None:
+    """--engine (what runs a probe) and --verl-python (the verl environment it uses)."""
+    if engine:
+        parser.add_argument(
+            "--engine",
+            choices=ENGINES,
+            default="builtin",
+            help="what runs a probe: builtin (autotune's own PPO/GRPO iteration; CPU or GPU) or verl "
+            "(python -m verl.trainer.main_ppo itself for the warm-up and measured steps, with vLLM's pool; "
+            "GPU machines, --verl-python)",
+        )
+    parser.add_argument(
+        "--verl-python",
+        metavar="PATH",
+        help=f"the python of an environment with verl {VERL_VERSION} (e.g. /opt/verl/bin/python), for "
+        f"--engine verl" + ("" if engine else " studies"),
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="autotune", description="Find fast, memory-safe batch settings for verl PPO/GRPO.")
     sub = parser.add_subparsers(
@@ -144,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument(
         "--seed", type=SEED, default=0, help="seed of the probe's sampling and prompts (default 0)"
     )
+    add_engine_arguments(probe)
     probe.add_argument("--json", action="store_true", help="print the result as JSON")
     probe.set_defaults(handler=_cmd_probe)
 
@@ -245,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the run's summary (the pick, its figures, the gain, the files, the verl launch line; as "
         "<out>/<study>/summary.json) as JSON on stdout; progress goes to stderr",
     )
+    add_engine_arguments(run)
     run.set_defaults(handler=_cmd_run)
 
     report = sub.add_parser(
@@ -283,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="where --confirm re-probes: auto (default) is cuda when a GPU is visible, else cpu",
     )
+    add_engine_arguments(report, engine=False)
     report.set_defaults(handler=_cmd_report)
 
     add_worker_parser(sub)
@@ -379,6 +403,7 @@ def add_worker_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="allow a local model directory's own Python code to run",
     )
+    add_engine_arguments(worker, engine=False)
     worker.set_defaults(handler=_cmd_worker)
 
 
@@ -456,7 +481,13 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     spec = resolve_model(args.model, args.weights, args.trust_remote_code)
     resolve_reward_model(args.reward_model)
     raise_for(position_findings(config, spec))
+    if args.engine == "verl":
+        from autotune.probe.verl.install import check_verl_python
+
+        check_verl_python(args.verl_python)
     settings = ProbeSettings(
+        engine=args.engine,
+        verl_python=args.verl_python,
         model=args.model,
         reward_model=args.reward_model,
         weights=args.weights,

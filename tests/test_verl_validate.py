@@ -157,3 +157,40 @@ def test_the_reports_own_files_start_verl_and_say_the_same_job(tmp_path):
     assert verdict["ok"], verdict
     launch = yaml.safe_load((out / "best_config.yaml").read_text())["rollout_engine"]
     assert verdict["rollout"] == launch
+
+
+def test_the_verl_probes_command_composes_and_passes_validate_config(tmp_path):
+    """`--engine verl` launches the export plus the short-run settings (autotune/probe/verl/command.py):
+    verl's Hydra configuration takes every key, validate_config passes, and the short-run values read back."""
+    from autotune.probe.verl.command import verl_run
+
+    model = write_model_dir("tiny-llama", tmp_path / "tiny-llama")
+    verdicts = {}
+    for name, config in (("ppo", PPO), ("grpo lora", dataclasses.replace(GRPO, use_lora=True, lora_r=8))):
+        run = verl_run(
+            config,
+            world_size=2,
+            steps=3,
+            model_path=str(model),
+            run_dir=tmp_path / "run",
+            verl_python=str(VERL_PYTHON),
+            card_bytes=80 * GIB,
+            resident_bytes=0.0,
+        )
+        overrides = [arg for arg in run.argv[3:] if not arg.startswith("hydra.")]  # Hydra's own, not verl's
+        verdicts[name] = run_verl([{"name": name, "overrides": overrides}])[name]
+    for name, verdict in verdicts.items():
+        assert verdict["ok"], (name, verdict)
+        assert verdict["short_run"] == {
+            "trainer.total_training_steps": 3,
+            "trainer.total_epochs": 3,
+            "trainer.val_before_train": False,
+            "trainer.test_freq": -1,
+            "trainer.save_freq": -1,
+            "trainer.resume_mode": "disable",
+            "trainer.logger": ["console", "file"],
+            "actor_rollout_ref.rollout.ignore_eos": True,
+            "data.filter_overlong_prompts": False,
+            "data.train_files": str(run.train_path),
+            "ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH": str(run.metrics_path),
+        }, name

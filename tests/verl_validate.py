@@ -64,10 +64,32 @@ def validate(compose, overrides: list[str]) -> dict[str, Any]:
             "gpu_memory_utilization": rollout.gpu_memory_utilization,
             "max_model_len": rollout.max_model_len,
         }
+        out["short_run"] = {key: _plain(OmegaConf.select(config, key)) for key in SHORT_RUN_KEYS}
         out["ok"] = not out["missing"]
     except Exception as exc:  # verl's own refusal, reported to the test
         out["error"] = f"{type(exc).__name__}: {exc}"[-3000:]
     return out
+
+
+SHORT_RUN_KEYS = (  # what autotune's verl probe sets for a short run (autotune/probe/verl/command.py)
+    "trainer.total_training_steps",
+    "trainer.total_epochs",
+    "trainer.val_before_train",
+    "trainer.test_freq",
+    "trainer.save_freq",
+    "trainer.resume_mode",
+    "trainer.logger",
+    "actor_rollout_ref.rollout.ignore_eos",
+    "data.filter_overlong_prompts",
+    "data.train_files",
+    "ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH",
+)
+
+
+def _plain(value: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
 HOLDING_FIELDS = (

@@ -96,6 +96,8 @@ def format_value(value: Any) -> str:
         return "true" if value else "false"
     if value is None:
         return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(format_value(item) for item in value) + "]"
     text = str(value)
     if isinstance(value, (int, float)) or _PLAIN_VALUE.match(text):
         return text

@@ -1,3 +1,3 @@
 """The probe, tuner side: launch a probe's ranks in their own process group, time it out, classify it."""
 
-__all__ = ["classify", "contract", "devices", "forkserver", "launcher", "rank"]
+__all__ = ["classify", "conditions", "contract", "devices", "forkserver", "launcher", "rank", "verl"]

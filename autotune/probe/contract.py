@@ -13,7 +13,9 @@ from typing import Any
 
 from autotune.units import GIB
 
-__all__ = ["MMAP_THRESHOLD", "OOM_EXIT_CODE", "ProbeResult", "ProbeSettings"]
+__all__ = ["ENGINES", "MMAP_THRESHOLD", "OOM_EXIT_CODE", "ProbeResult", "ProbeSettings"]
+
+ENGINES = ("builtin", "verl")  # what runs a probe (--engine)
 
 OOM_EXIT_CODE = 3  # a rank that caught an out-of-memory exception, after writing its result
 # CPU ranks serve allocations from this size up with their own mappings (glibc's M_MMAP_THRESHOLD): a freed
@@ -39,6 +41,8 @@ class ProbeSettings:
     prompts_file: str | None = None  # JSON list of prompt texts (autotune run --data); None: synthetic
     visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES for the ranks (a --parallel slot's GPUs)
     threads_per_rank: int | None = None  # CPU threads per rank (a --parallel slot's share of the cores)
+    engine: str = "builtin"  # one of ENGINES: autotune's own PPO iteration, or verl itself (GPU machines)
+    verl_python: str | None = None  # the verl environment's python (--verl-python), for engine "verl"
 
 
 @dataclass

@@ -179,6 +179,10 @@ def run_probe(
 
     Setting `cancel` (a second Ctrl-C) kills the probe at once; the caller records it as interrupted.
     """
+    if settings.engine == "verl":
+        from autotune.probe.verl.backend import run_verl_probe
+
+        return run_verl_probe(config, settings, cancel)
     program = program or runner_path()
     with tempfile.TemporaryDirectory(prefix="autotune-probe-") as tmp:
         out_dir = Path(tmp)

@@ -26,7 +26,7 @@ from autotune.status import StudyAttr
 
 __all__ = ["LOCAL_SETTINGS", "StudyPlan", "check_same_job"]
 
-LOCAL_SETTINGS = ("device", "visible_devices", "threads_per_rank", "trust_remote_code")
+LOCAL_SETTINGS = ("device", "visible_devices", "threads_per_rank", "trust_remote_code", "verl_python")
 # What studies made before the plan existed stored instead (read, never written).
 _LEGACY_PROBE_PLAN, _LEGACY_CONTEXT = "probe_plan", "report_context"
 
@@ -79,8 +79,12 @@ class StudyPlan:
     def budget(self) -> Budget | None:
         return None if self.budget_bytes is None else Budget(int(self.budget_bytes), float(self.headroom))
 
-    def probe_settings(self, device: str, trust_remote_code: bool = False) -> ProbeSettings:
-        return ProbeSettings(**self.settings, device=device, trust_remote_code=trust_remote_code)
+    def probe_settings(
+        self, device: str, trust_remote_code: bool = False, verl_python: str | None = None
+    ) -> ProbeSettings:
+        return ProbeSettings(
+            **self.settings, device=device, trust_remote_code=trust_remote_code, verl_python=verl_python
+        )
 
     def save(self, study: optuna.Study) -> None:
         study.set_user_attr(StudyAttr.PLAN, dataclasses.asdict(self))

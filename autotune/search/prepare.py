@@ -102,6 +102,8 @@ class RunOptions:
     tune: list[str] | None = None  # recipe knobs to search as well (an algorithm change: the report says so)
     json: bool = False  # print summary.json on stdout; everything else goes to stderr
     gain_rounds: int = 2  # back-to-back rounds of the recommended and hand-made configs at the end (0: none)
+    engine: str = "builtin"  # what runs a probe: autotune's PPO iteration, or verl itself (--verl-python)
+    verl_python: str | None = None
 
 
 def default_study_name(space_name: str, model: str, gpus: int, fingerprint: str) -> str:
@@ -123,7 +125,32 @@ def probe_settings(space, options: RunOptions, device: str) -> ProbeSettings:
         memory_budget_gib=None,
         seed=options.seed,
         trust_remote_code=options.trust_remote_code,
+        engine=options.engine,
+        verl_python=options.verl_python,
     )
+
+
+def announce_verl(verl_python: str | None, device: str, console: Console) -> None:
+    """Check the verl environment before anything else, and say what the verl engine measures."""
+    from autotune.probe.verl.install import VERL_VERSION, check_verl_python
+
+    version = check_verl_python(verl_python)
+    console.print(
+        f"probing with verl {version} ({verl_python}): each trial runs python -m verl.trainer.main_ppo for "
+        f"the warm-up and measured steps; the memory model prunes only the training side (it cannot "
+        f"predict vLLM's pool)",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    if version != VERL_VERSION:
+        console.print(
+            f"[yellow]autotune's verl export is written for verl {VERL_VERSION}, not {version}[/yellow]"
+        )
+    if device != "cuda":
+        console.print(
+            "[yellow]verl runs PPO on GPUs only: on this CPU machine only a stand-in verl can run[/yellow]"
+        )
 
 
 def resolve_budget_gib(space, options: RunOptions, device: str) -> float:
@@ -166,6 +193,8 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
 
     space, lengths = resolve_space(options, console)
     device = resolve_device(options.device, space.gpus)
+    if options.engine == "verl":
+        announce_verl(options.verl_python, device, console)
     space = without_unmeasurable_offload(space, device, console)
     check_offload(space, device)
     actor = resolve_model(space.model, options.weights, options.trust_remote_code)
@@ -351,6 +380,7 @@ def study_identity(
         "budget_bytes": budget.bytes,
         "iterations": f"{settings.warmup_iterations} warm-up + {settings.iterations} measured",
         "prompts": prompts or "synthetic",
+        **({"engine": settings.engine} if settings.engine != "builtin" else {}),  # older studies: builtin
         **({"recipe": recipe} if recipe is not None else {}),
     }
 

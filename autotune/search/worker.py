@@ -31,6 +31,7 @@ class WorkerOptions:
     time_budget_seconds: float | None = None
     out: Path = Path("reports")
     trust_remote_code: bool = False
+    verl_python: str | None = None  # this machine's verl environment, for a study probed with --engine verl
 
 
 def check_shared_storage(storage: str, study: str) -> None:
@@ -56,8 +57,14 @@ def stored_plan(study, name: str, storage: str) -> StudyPlan:
     return plan
 
 
-def worker_settings(plan: StudyPlan, device: str, trust_remote_code: bool) -> ProbeSettings:
-    settings = plan.probe_settings(device, trust_remote_code)
+def worker_settings(
+    plan: StudyPlan, device: str, trust_remote_code: bool, verl_python: str | None = None
+) -> ProbeSettings:
+    settings = plan.probe_settings(device, trust_remote_code, verl_python)
+    if settings.engine == "verl":
+        from autotune.probe.verl.install import check_verl_python
+
+        check_verl_python(verl_python)
     if settings.prompts_file and not Path(settings.prompts_file).is_file():
         raise UserError(
             f"the study's probes read their prompts from {settings.prompts_file} (autotune run --data), "
@@ -95,7 +102,7 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
         )
     device = resolve_device(options.device, space.gpus)
     check_offload(space, device)
-    settings = worker_settings(plan, device, options.trust_remote_code)
+    settings = worker_settings(plan, device, options.trust_remote_code, options.verl_python)
     actor = resolve_model(space.model, settings.weights, options.trust_remote_code)
     reward = resolve_reward_model(space.reward_model)
     here = machine_identity(actor, reward, device_label(device), space.gpus)  # the study's job, or another?

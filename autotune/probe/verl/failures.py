@@ -156,7 +156,8 @@ def classify_run(
     if refused is not None:
         return Status.CRASHED, None, refused
     if exit_code != 0:
-        cause = last_exception(tail)
+        # The innermost exception, else the last line (python's own "No module named verl" is not one)
+        cause = last_exception(tail) or (lines[-1] if lines else None)
         return (
             Status.CRASHED,
             None,

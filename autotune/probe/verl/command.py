@@ -1,0 +1,117 @@
+"""The verl run a probe launches: the job autotune exports for the configuration (autotune.formats.verl, the
+same overrides a user hands to verl), plus the settings of a short run.
+
+    run = verl_run(config, world_size=1, steps=3, model_path="/models/qwen2.5-0.5b", run_dir=tmp,
+                   verl_python="/opt/verl/bin/python", card_bytes=141 * GIB, resident_bytes=0)
+    subprocess.Popen(run.argv, env={**os.environ, **run.env}, start_new_session=True)
+
+The short-run keys, each with where verl 0.9.1 reads it (paths under site-packages/verl):
+- `trainer.total_training_steps` = `trainer.total_epochs` = steps: exactly `steps` logged steps, numbered
+  from 1 (trainer/ppo/v1/trainer_base.py:467-468, 767-771); the dataset holds one step's prompts, so an
+  epoch is a step;
+- `trainer.val_before_train=False`, `trainer.test_freq=-1`: no validation (trainer_base.py:439, 491-492);
+- `trainer.save_freq=-1`, `trainer.resume_mode=disable`: no checkpoint written or resumed (:481-482,
+  :850-877);
+- `trainer.logger=[console,file]` and the file logger's path through the Ray job's environment
+  (`VERL_FILE_LOGGER_PATH`, utils/tracking.py:529-548; the TaskRunner actor does not run in our folder);
+- `actor_rollout_ref.rollout.ignore_eos=True`: every response runs to max_response_length, as the built-in
+  probe's do (workers/rollout/vllm_rollout/vllm_async_server.py:624);
+- `data.filter_overlong_prompts=False`: the prompts are longer than max_prompt_length on purpose; the agent
+  loop cuts each to exactly that length (experimental/agent_loop/agent_loop.py:437-446);
+- `hydra.run.dir`: Hydra's output folder inside the probe's, not the working directory.
+The environment: `RAY_DEDUP_LOGS=0` and `RAY_COLOR_PREFIX=0` (every worker's line, without colour codes),
+`RAY_ADDRESS` removed (a fresh local Ray, never a cluster that outlives the probe), the slot's
+`CUDA_VISIBLE_DEVICES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.config.knobs import ProbeConfig
+from autotune.formats.rollout import rollout_engine
+from autotune.formats.verl import format_value, verl_overrides
+
+__all__ = ["VerlRun", "short_run_overrides", "verl_run"]
+
+METRICS_FILE = "metrics.jsonl"
+TRAIN_FILE = "train.parquet"
+
+
+@dataclass(frozen=True)
+class VerlRun:
+    """What to launch and where its figures land."""
+
+    argv: list[str]
+    env: dict[str, str]  # set over the tuner's environment (None values: removed)
+    unset: tuple[str, ...]  # variables to remove from the tuner's environment
+    metrics_path: Path
+    train_path: Path
+    steps: int
+    prompts: int  # rows of the dataset: one step's prompts
+
+
+def short_run_overrides(steps: int, run_dir: Path) -> dict[str, object]:
+    """The keys that make verl's run a probe: `steps` steps, nothing else (see the module docstring)."""
+    train = str(run_dir / TRAIN_FILE)
+    return {
+        "data.train_files": train,
+        "data.val_files": train,  # always loaded, never used with validation off (trainer_base.py:718-725)
+        "data.filter_overlong_prompts": False,
+        "actor_rollout_ref.rollout.ignore_eos": True,
+        "trainer.total_training_steps": steps,
+        "trainer.total_epochs": steps,
+        "trainer.val_before_train": False,
+        "trainer.test_freq": -1,
+        "trainer.save_freq": -1,
+        "trainer.resume_mode": "disable",
+        "trainer.logger": ["console", "file"],
+        "trainer.project_name": "autotune",
+        "trainer.experiment_name": "probe",
+        "trainer.default_local_dir": str(run_dir / "checkpoints"),
+        "hydra.run.dir": str(run_dir / "hydra"),
+        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH": str(run_dir / METRICS_FILE),
+    }
+
+
+def verl_run(
+    config: ProbeConfig,
+    *,
+    world_size: int,
+    steps: int,
+    model_path: str,
+    run_dir: Path,
+    verl_python: str,
+    card_bytes: float,
+    resident_bytes: float,
+    rollout_name: str = "vllm",
+    model_parameters: int | None = None,
+    visible_devices: str | None = None,
+) -> VerlRun:
+    """The command of one verl probe: the export for `config` on `world_size` GPUs (ValueError when the
+    configuration breaks a rule), the rollout engine sized by the export's rules for a card of `card_bytes`
+    with `resident_bytes` of training states, and the short-run settings."""
+    engine = rollout_engine(config, world_size, rollout_name, card_bytes, resident_bytes, model_parameters)
+    values = dict(verl_overrides(config, world_size, model_path, engine).values)
+    values.update(short_run_overrides(steps, run_dir))
+    argv = [
+        verl_python,
+        "-m",
+        "verl.trainer.main_ppo",
+        *(f"{key}={format_value(v)}" for key, v in values.items()),
+    ]
+    env = {"RAY_DEDUP_LOGS": "0", "RAY_COLOR_PREFIX": "0", "PYTHONUNBUFFERED": "1"}
+    env["VERL_FILE_LOGGER_PATH"] = str(run_dir / METRICS_FILE)  # also the driver's, for Ray's own copy
+    if visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices
+    prompts = config.train_batch_size // config.rollout_n  # data.train_batch_size: one step's prompts
+    return VerlRun(
+        argv=argv,
+        env=env,
+        unset=("RAY_ADDRESS",),
+        metrics_path=run_dir / METRICS_FILE,
+        train_path=run_dir / TRAIN_FILE,
+        steps=steps,
+        prompts=prompts,
+    )
