@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -14,7 +13,7 @@ from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.search.live import short_config
 from autotune.units import GIB
 
-__all__ = ["print_models", "print_probe_result", "probing"]
+__all__ = ["print_probe_result", "probing"]
 
 
 @contextlib.contextmanager
@@ -77,27 +76,3 @@ def print_probe_result(result: ProbeResult, console: Console | None = None) -> N
     if result.stderr_tail:
         console.print("[bold]stderr (tail):[/bold]")
         console.print(result.stderr_tail, markup=False, highlight=False)
-
-
-def print_models(rows: list[dict[str, Any]], console: Console | None = None) -> None:
-    console = console or Console()
-    table = Table(
-        title="models (architectures shipped with autotune; random weights unless a local directory)"
-    )
-    for column in ("name", "role", "architecture", "parameters", "layers", "hidden", "vocab"):
-        table.add_column(
-            column, justify="right" if column in ("parameters", "layers", "hidden", "vocab") else "left"
-        )
-    for row in rows:
-        params = row["parameters"]
-        shown = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
-        table.add_row(
-            row["name"],
-            row["role"],
-            row["architecture"],
-            shown,
-            str(row["layers"]),
-            str(row["hidden"]),
-            str(row["vocab"]),
-        )
-    console.print(table)
