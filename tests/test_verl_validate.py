@@ -61,6 +61,15 @@ HOLDINGS = {  # how the states are held, on 2 GPUs: (knobs, what verl's engine c
     ),
     "offload_policy": ({"sharding": "full_shard", "offload_policy": True}, {"offload_policy": True}),
 }
+VERL_KNOBS = {  # verl's own knobs (--engine verl), on 2 GPUs with tensor parallel 2
+    "gpu_memory_utilization": 0.45,
+    "tensor_model_parallel_size": 2,
+    "max_num_seqs": 64,
+    "use_dynamic_bsz": True,
+    "ppo_max_token_len_per_gpu": 512,
+}
+for name, base in (("ppo", PPO), ("grpo", GRPO)):
+    CASES[f"{name} verl knobs 2gpu"] = (dataclasses.replace(base, **VERL_KNOBS), 2)
 for holding_name, (knobs, _) in HOLDINGS.items():
     for lora in (False, True):
         CASES[f"ppo {holding_name}{' lora' if lora else ''} 2gpu"] = (
@@ -126,6 +135,24 @@ def test_verl_validates_the_exported_job(verdicts, name):
             assert engine[knob] == getattr(config, knob), (model, knob)
     holding = next((want for key, (_, want) in HOLDINGS.items() if name.startswith(f"ppo {key}")), {})
     assert holding.items() <= verdict["holding"]["actor"].items()
+    assert_verl_knobs(config, verdict)
+
+
+def assert_verl_knobs(config: ProbeConfig, verdict: dict) -> None:
+    """The knobs reach verl's config classes as set; without them, verl's defaults (dynamic batch off)."""
+    knobs = verdict["verl_knobs"]
+    assert knobs["max_num_seqs"] == (config.max_num_seqs or 256)  # rollout.yaml's default
+    passes = ["actor", "log_prob", "ref"] + (["critic"] if config.algorithm == "ppo" else [])
+    for name in passes:
+        assert knobs[name][0] is config.use_dynamic_bsz, (name, knobs)
+        if config.use_dynamic_bsz:
+            assert knobs[name][1] == config.token_budget, (name, knobs)
+    if config.use_dynamic_bsz and config.algorithm == "ppo":
+        assert knobs["critic_engine"] == config.token_budget
+    if config.uses_verl_knobs:
+        rollout = verdict["rollout"]
+        assert rollout["gpu_memory_utilization"] == config.gpu_memory_utilization
+        assert rollout["tensor_model_parallel_size"] == config.tensor_model_parallel_size
 
 
 def test_a_file_without_the_rollout_engine_is_refused_by_verl(tmp_path):

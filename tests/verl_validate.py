@@ -65,6 +65,7 @@ def validate(compose, overrides: list[str]) -> dict[str, Any]:
             "max_model_len": rollout.max_model_len,
         }
         out["short_run"] = {key: _plain(OmegaConf.select(config, key)) for key in SHORT_RUN_KEYS}
+        out["verl_knobs"] = verl_knobs(config, rollout, out["use_critic"], omega_conf_to_dataclass)
         out["ok"] = not out["missing"]
     except Exception as exc:  # verl's own refusal, reported to the test
         out["error"] = f"{type(exc).__name__}: {exc}"[-3000:]
@@ -84,6 +85,25 @@ SHORT_RUN_KEYS = (  # what autotune's verl probe sets for a short run (autotune/
     "data.train_files",
     "ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH",
 )
+
+
+def verl_knobs(config, rollout, use_critic: bool, to_dataclass) -> dict[str, Any]:
+    """verl's knobs as verl's own config classes read them: vLLM's max_num_seqs, and dynamic batch size with
+    its token budgets where the workers take them (engine_workers.py:545-552 remaps the reference's; the V1
+    trainer sizes the critic's engine by ppo_infer_max_token_len_per_gpu, trainer_base.py:264-268)."""
+    actor = to_dataclass(config.actor_rollout_ref.actor)
+    ref = config.actor_rollout_ref.ref
+    knobs = {
+        "max_num_seqs": rollout.max_num_seqs,
+        "actor": [actor.use_dynamic_bsz, actor.ppo_max_token_len_per_gpu],
+        "log_prob": [rollout.log_prob_use_dynamic_bsz, rollout.log_prob_max_token_len_per_gpu],
+        "ref": [ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu],
+    }
+    if use_critic:
+        critic = to_dataclass(config.critic)
+        knobs["critic"] = [critic.use_dynamic_bsz, critic.ppo_max_token_len_per_gpu]
+        knobs["critic_engine"] = critic.ppo_infer_max_token_len_per_gpu
+    return knobs
 
 
 def _plain(value: Any) -> Any:

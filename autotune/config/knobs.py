@@ -21,6 +21,7 @@ __all__ = [
     "KNOB_NAMES",
     "MAX_KL_COEF",
     "SHARDINGS",
+    "VERL_KNOBS",
     "ProbeConfig",
     "parse_sets",
     "physical_cores",
@@ -64,6 +65,17 @@ class ProbeConfig:
     lora_r: int = 16
     lora_alpha: int = 32
     kl_coef: float = 0.05
+    # verl's own knobs (VERL_KNOBS), searched and measured with `--engine verl` only: the built-in probe has
+    # no vLLM pool, no tensor-parallel rollout and no dynamic batching. None = the export's rule
+    # (autotune.formats.rollout) or verl's default.
+    gpu_memory_utilization: float | None = None  # rollout.gpu_memory_utilization: vLLM's share of the card
+    tensor_model_parallel_size: int | None = None  # rollout.tensor_model_parallel_size: divides the GPUs
+    max_num_seqs: int | None = None  # rollout.max_num_seqs: vLLM's concurrent sequences (verl: 256)
+    # actor.use_dynamic_bsz: micro-batches cut by a token budget per GPU instead of micro_batch_size samples;
+    # the budget (actor.ppo_max_token_len_per_gpu, and the log-prob, reference and critic ones with it) is
+    # None = the micro batch's tokens, micro_batch_size × (max_prompt_length + max_response_length)
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int | None = None
 
     @property
     def use_kl(self) -> bool:
@@ -87,11 +99,40 @@ class ProbeConfig:
     def sequence_length(self) -> int:
         return self.max_prompt_length + self.max_response_length
 
+    @property
+    def uses_verl_knobs(self) -> bool:
+        """Whether any of verl's own knobs departs from its rule or default (`--engine verl` only)."""
+        return any(getattr(self, name) not in (None, False) for name in VERL_KNOBS)
+
+    @property
+    def token_budget(self) -> int:
+        """Tokens per GPU micro-batch under dynamic batch size: the knob, else the micro batch's tokens."""
+        return self.ppo_max_token_len_per_gpu or self.micro_batch_size * self.sequence_length
+
+    def with_fixed_micro_batches(self, gpus: int) -> ProbeConfig:
+        """The config as fixed micro batches: under dynamic batch size verl packs whole sequences (every one
+        is Lp + Lr tokens long in a probe) up to the token budget, at most a GPU's share of the mini batch
+        (update) or of the train batch (forward passes). Unchanged without dynamic batch size."""
+        if not self.use_dynamic_bsz:
+            return self
+        per_budget = max(1, self.token_budget // self.sequence_length)
+        mini_share = self.micro_batch_size * self.gradient_accumulation_steps
+        micro = min(per_budget, mini_share)
+        forward = min(per_budget, max(1, self.train_batch_size // gpus))
+        return dataclasses.replace(self, micro_batch_size=micro, log_prob_micro_batch_size=forward)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 KNOB_NAMES = tuple(f.name for f in fields(ProbeConfig))
+VERL_KNOBS = (
+    "gpu_memory_utilization",
+    "tensor_model_parallel_size",
+    "max_num_seqs",
+    "use_dynamic_bsz",
+    "ppo_max_token_len_per_gpu",
+)
 _BOOL_WORDS = {
     "true": True,
     "1": True,

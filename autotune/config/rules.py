@@ -13,6 +13,16 @@ The rules and why (docs/design.md, "Knobs and invariants"), with W GPUs and n = 
     w <= physical cores             more DataLoader workers than cores compete for them: rollout stalls
     Lp + Lr <= max positions        the model cannot attend beyond its position embeddings
     GRPO: n >= 2                    GRPO normalises rewards within a group of answers to one prompt
+
+verl's own knobs (`--engine verl` only; None = the export's rule or verl's default), verl 0.9.1's paths:
+
+    0 < gpu_memory_utilization < 1  vLLM's share of the card; the training states need the rest
+    W % tensor_model_parallel == 0  rollout replicas = GPUs // TP (workers/rollout/llm_server.py:434-460):
+                                    a TP that does not divide W leaves GPUs without a rollout engine
+    max_num_seqs >= 1
+    token budget >= Lp + Lr         verl asserts max_token_len >= the longest sequence before it cuts
+                                    micro-batches (utils/seqlen_balancing.py:384-386)
+    token budget only with use_dynamic_bsz: verl reads it only then
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ from autotune.config.knobs import (
     rollout_batch_fix,
     train_batch_fixes,
 )
-from autotune.config.numbers import MAX_INT, number_problem
+from autotune.config.numbers import MAX_INT, MAX_RANKS, number_problem
 from autotune.errors import UserError
 from autotune.units import divisors, round_up
 
@@ -43,6 +53,7 @@ __all__ = [
     "problems",
     "raise_for",
     "value_findings",
+    "verl_knob_findings",
     "worker_findings",
 ]
 
@@ -111,6 +122,7 @@ def config_findings(
     if found:  # the divisibility rules below need positive sizes
         return found
     found += offload_findings(config, device)
+    found += verl_knob_findings(config, world_size)
     found += _group_findings(config, world_size)
     found += _rollout_findings(config, world_size)
     found += _mini_batch_findings(config, world_size)
@@ -259,6 +271,64 @@ def _mini_batch_findings(c: ProbeConfig, gpus: int) -> list[Finding]:
                 value=forward,
             )
         )
+    return found
+
+
+def verl_knob_findings(c: ProbeConfig, gpus: int) -> list[Finding]:
+    """verl's own knobs, where set: the rules of the module docstring."""
+    found = _verl_value_findings(c)
+    if found:
+        return found
+    tp, budget = c.tensor_model_parallel_size, c.ppo_max_token_len_per_gpu
+    if tp is not None and gpus % tp:
+        fix = f"tensor_model_parallel_size: one of {', '.join(map(str, divisors(gpus)))}"
+        problem = (
+            f"tensor_model_parallel_size={tp} does not divide the {gpus} GPU(s): verl starts GPUs // TP "
+            f"rollout replicas, and the rest would have no rollout engine"
+        )
+        found.append(Finding("verl", problem, fix, key="tensor_model_parallel_size", value=tp))
+    if budget is not None and not c.use_dynamic_bsz:
+        problem = f"ppo_max_token_len_per_gpu={budget} without use_dynamic_bsz: verl reads it only then"
+        fix = "use_dynamic_bsz: true, or no ppo_max_token_len_per_gpu"
+        found.append(Finding("verl", problem, fix, key="ppo_max_token_len_per_gpu", value=budget))
+    elif budget is not None and budget < c.sequence_length:
+        problem = (
+            f"ppo_max_token_len_per_gpu={budget} is below one sequence, max_prompt_length+"
+            f"max_response_length={c.sequence_length}: verl asserts a micro-batch's token budget holds the "
+            f"longest sequence"
+        )
+        fix = f"ppo_max_token_len_per_gpu: {c.sequence_length} or more"
+        found.append(Finding("verl", problem, fix, key="ppo_max_token_len_per_gpu", value=budget))
+    return found
+
+
+def _verl_value_findings(c: ProbeConfig) -> list[Finding]:
+    """Numbers of the right kind: a share strictly between 0 and 1, whole sizes >= 1, a boolean switch."""
+    bounds: dict[str, dict[str, Any]] = {
+        "gpu_memory_utilization": {
+            "minimum": 0.0,
+            "maximum": 1.0,
+            "open_minimum": True,
+            "open_maximum": True,
+        },
+        "tensor_model_parallel_size": {"integer": True, "minimum": 1, "maximum": MAX_RANKS},
+        "max_num_seqs": {"integer": True, "minimum": 1},
+        "ppo_max_token_len_per_gpu": {"integer": True, "minimum": 1},
+    }
+    found = []
+    for key, bound in bounds.items():
+        value = getattr(c, key)
+        problem = None if value is None else number_problem(value, **bound)
+        if problem:
+            fix = f"{key}: " + (
+                "a number between 0 and 1, e.g. 0.5"
+                if key == "gpu_memory_utilization"
+                else "a whole number >= 1, or leave it out (the rule's or verl's default)"
+            )
+            found.append(Finding("values", f"{key}={value}: {problem}", fix, key=key, value=value))
+    if not isinstance(c.use_dynamic_bsz, bool):
+        problem = f"use_dynamic_bsz={c.use_dynamic_bsz}: must be true or false"
+        found.append(Finding("values", problem, "use_dynamic_bsz: false", key="use_dynamic_bsz"))
     return found
 
 

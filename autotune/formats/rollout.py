@@ -12,6 +12,9 @@ the training states stay resident. The probe measures the training side; these r
                              the model fits one GPU's share
     max_model_len            max_prompt_length + max_response_length (verl's default, null, would take the
                              model's maximum positions and size the KV cache for them)
+
+A configuration that sets verl's own knobs (`gpu_memory_utilization`, `tensor_model_parallel_size`,
+`max_num_seqs`: searched and measured with `--engine verl`) keeps its values instead of the rules'.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class RolloutEngine:
     gpu_memory_utilization: float = VERL_DEFAULT_UTILIZATION
     max_model_len: int | None = None
     notes: tuple[str, ...] = ()  # where a rule could not be applied, or gives a warning
+    max_num_seqs: int | None = None  # None: verl's default (rollout.yaml: 256), not written
 
 
 def rollout_engine(
@@ -60,35 +64,60 @@ def rollout_engine(
     resident_bytes: float | None = None,
     model_parameters: int | None = None,
 ) -> RolloutEngine:
-    """The rollout settings of the module docstring; without a card or a measurement, verl's default share."""
-    notes = []
-    utilization = VERL_DEFAULT_UTILIZATION
-    if card_bytes and resident_bytes is not None:
-        free = max(0.0, card_bytes - resident_bytes)
-        share = math.floor(free * (1 - MARGIN) / card_bytes / STEP + 1e-9) * STEP
-        utilization = round(min(max(share, UTILIZATION_RANGE[0]), UTILIZATION_RANGE[1]), 2)
-        if share < UTILIZATION_RANGE[0]:
-            notes.append(
-                f"the training side's peak ({resident_bytes / GIB:.2f} GiB) leaves the rollout engine less "
-                f"than {UTILIZATION_RANGE[0]:.0%} of the {card_bytes / GIB:.2f} GiB card: it may not start; "
-                f"offload or shard the training states"
-            )
-    else:
+    """The rollout settings of the module docstring; without a card or a measurement, verl's default share.
+    The configuration's own values of verl's knobs win over the rules."""
+    utilization, notes = config.gpu_memory_utilization, []
+    if utilization is None:
+        utilization, notes = _utilization_rule(card_bytes, resident_bytes)
+    tp = config.tensor_model_parallel_size
+    if tp is None:
+        tp, tp_notes = _tensor_parallel_rule(gpus, utilization, card_bytes, model_parameters)
+        notes += tp_notes
+    chosen = [
+        f"{key}={value:g}"
+        for key in ("gpu_memory_utilization", "tensor_model_parallel_size", "max_num_seqs")
+        if (value := getattr(config, key)) is not None
+    ]
+    if chosen:
         notes.append(
-            f"gpu_memory_utilization is verl's default {VERL_DEFAULT_UTILIZATION}: no card was known"
+            f"{', '.join(chosen)}: the configuration's own (measured with --engine verl), not a rule"
         )
-    tp = 1
-    if model_parameters and card_bytes:
-        pool = utilization * card_bytes
-        fitting = [d for d in divisors(gpus) if 2 * model_parameters / d <= pool / 2]
-        tp = fitting[0] if fitting else gpus
-        if not fitting:
-            notes.append(
-                f"the bf16 weights ({2 * model_parameters / GIB:.1f} GiB) do not fit half the rollout pool "
-                f"even split over the {gpus} GPUs: tensor_model_parallel_size={gpus}, and the KV cache will "
-                f"be small"
-            )
-    return RolloutEngine(name, tp, utilization, config.sequence_length, tuple(notes))
+    return RolloutEngine(name, tp, utilization, config.sequence_length, tuple(notes), config.max_num_seqs)
+
+
+def _utilization_rule(card_bytes: float | None, resident_bytes: float | None) -> tuple[float, list[str]]:
+    """What the training side's peak leaves of the card, less the margin; verl's default without a card."""
+    if not card_bytes or resident_bytes is None:
+        return VERL_DEFAULT_UTILIZATION, [
+            f"gpu_memory_utilization is verl's default {VERL_DEFAULT_UTILIZATION}: no card was known"
+        ]
+    free = max(0.0, card_bytes - resident_bytes)
+    share = math.floor(free * (1 - MARGIN) / card_bytes / STEP + 1e-9) * STEP
+    utilization = round(min(max(share, UTILIZATION_RANGE[0]), UTILIZATION_RANGE[1]), 2)
+    if share >= UTILIZATION_RANGE[0]:
+        return utilization, []
+    return utilization, [
+        f"the training side's peak ({resident_bytes / GIB:.2f} GiB) leaves the rollout engine less "
+        f"than {UTILIZATION_RANGE[0]:.0%} of the {card_bytes / GIB:.2f} GiB card: it may not start; "
+        f"offload or shard the training states"
+    ]
+
+
+def _tensor_parallel_rule(
+    gpus: int, utilization: float, card_bytes: float | None, model_parameters: int | None
+) -> tuple[int, list[str]]:
+    """The smallest divisor of the GPUs whose share of the bf16 weights fits half the pool."""
+    if not model_parameters or not card_bytes:
+        return 1, []
+    pool = utilization * card_bytes
+    fitting = [d for d in divisors(gpus) if 2 * model_parameters / d <= pool / 2]
+    if fitting:
+        return fitting[0], []
+    return gpus, [
+        f"the bf16 weights ({2 * model_parameters / GIB:.1f} GiB) do not fit half the rollout pool "
+        f"even split over the {gpus} GPUs: tensor_model_parallel_size={gpus}, and the KV cache will "
+        f"be small"
+    ]
 
 
 def pool_findings(

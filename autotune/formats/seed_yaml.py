@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from autotune.config.knobs import KNOB_NAMES, ProbeConfig
+from autotune.config.knobs import KNOB_NAMES, VERL_KNOBS, ProbeConfig
 from autotune.config.rules import Finding
 from autotune.config.schema import MISSING, Checker
 from autotune.errors import UserError
@@ -44,6 +44,12 @@ KNOBS: dict[str, str] = {
     "rollout_n": INT,
     "kl_coef": NUM,
     "kl_placement": STR,
+    # verl's own knobs (`--engine verl`), written when the configuration sets them
+    "gpu_memory_utilization": NUM,
+    "tensor_model_parallel_size": INT,
+    "max_num_seqs": INT,
+    "use_dynamic_bsz": BOOL,
+    "ppo_max_token_len_per_gpu": INT,
 }
 REQUIRED = (
     "rollout_batch_size",
@@ -78,6 +84,7 @@ SECTIONS: dict[str, dict[str, str]] = {
         "tensor_model_parallel_size": INT,
         "gpu_memory_utilization": NUM,
         "max_model_len": INT,
+        "max_num_seqs": INT,
     },
     "fsdp_config": FSDP_KEYS,
 }
@@ -115,6 +122,7 @@ def seed_document(
         kl_coef=c.kl_coef,
         kl_placement=kl_placement(c),
     )
+    data.update(_verl_knobs(c))
     data["actor_model_config"] = {
         "model_name_or_path": model_name_or_path(model),
         **_trained(c),
@@ -129,6 +137,8 @@ def seed_document(
             "gpu_memory_utilization": engine.gpu_memory_utilization,
             "max_model_len": engine.max_model_len,
         }
+        if engine.max_num_seqs is not None:
+            data["rollout_engine"]["max_num_seqs"] = engine.max_num_seqs
     if reward_model != "function":
         data["reward_model_config"] = {
             "model_name_or_path": model_name_or_path(reward_model),
@@ -137,6 +147,11 @@ def seed_document(
     if measured is not None:
         data["measured"] = measured
     return data
+
+
+def _verl_knobs(c: ProbeConfig) -> dict[str, Any]:
+    """verl's knobs the configuration sets (None and false are the rules' and verl's defaults: left out)."""
+    return {name: getattr(c, name) for name in VERL_KNOBS if getattr(c, name) not in (None, False)}
 
 
 def kl_placement(config: ProbeConfig) -> str:

@@ -66,6 +66,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     f"{AR}.actor.use_kl_loss": False,
     f"{AR}.actor.kl_loss_coef": 0.001,
     f"{AR}.actor.use_dynamic_bsz": False,
+    f"{AR}.actor.ppo_max_token_len_per_gpu": 16384,
     f"{AR}.rollout.agent.num_workers": 8,
     f"{AR}.rollout.tensor_model_parallel_size": 2,
     f"{AR}.actor.fsdp_config.fsdp_size": -1,
@@ -77,6 +78,15 @@ VERL_DEFAULTS: dict[str, Any] = {
     "trainer.nnodes": 1,
 }
 ADV_ESTIMATORS = {"ppo": "gae", "grpo": "grpo"}
+CRITIC_ENGINE_BUDGET = "+critic.ppo_infer_max_token_len_per_gpu"
+BUDGET_KEYS = (  # token budgets per GPU under dynamic batch size (None: verl's default)
+    f"{AR}.actor.ppo_max_token_len_per_gpu",
+    f"{AR}.rollout.log_prob_max_token_len_per_gpu",
+    f"{AR}.ref.log_prob_max_token_len_per_gpu",
+    "critic.ppo_max_token_len_per_gpu",
+    "critic.forward_max_token_len_per_gpu",
+    CRITIC_ENGINE_BUDGET,
+)
 VLLM_MAX_LORA_RANK = 512  # verl's get_vllm_max_lora_rank: vLLM's largest MaxLoRARanks value
 _PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_./:~+-]+$")  # a Hydra value that needs no quotes
 
@@ -159,6 +169,7 @@ def verl_overrides(
         raise ValueError(f"cannot export an invalid configuration for {n_gpus} GPU(s): {lines}")
     engine = engine or RolloutEngine(max_model_len=config.sequence_length)
     values, notes = _batch_keys(config, n_gpus)
+    values.update(_dynamic_batch_keys(config))
     values.update(_rollout_keys(engine))
     values.update(_kl_keys(config))
     values.update(_model_keys(config, model_path))
@@ -204,13 +215,45 @@ def _batch_keys(c: ProbeConfig, n_gpus: int) -> tuple[dict[str, Any], list[str]]
     return values, notes
 
 
+def _dynamic_batch_keys(c: ProbeConfig) -> dict[str, Any]:
+    """Dynamic batch size with its token budget for every pass that cuts micro-batches: verl asserts the
+    actor's switch equals the old-log-prob one (workers/engine_workers.py:616); the reference's and the
+    critic's follow it. verl 0.9.1's V1 trainer sizes the critic's engine by
+    `critic.ppo_infer_max_token_len_per_gpu` (trainer/ppo/v1/trainer_base.py:264-268), a field of its
+    CriticConfig that critic.yaml lacks: hence the `+`. Nothing is written without dynamic batch size."""
+    if not c.use_dynamic_bsz:
+        return {}
+    budget = c.token_budget
+    values: dict[str, Any] = {
+        f"{AR}.actor.use_dynamic_bsz": True,
+        f"{AR}.actor.ppo_max_token_len_per_gpu": budget,
+        f"{AR}.rollout.log_prob_use_dynamic_bsz": True,
+        f"{AR}.rollout.log_prob_max_token_len_per_gpu": budget,
+        f"{AR}.ref.log_prob_use_dynamic_bsz": True,
+        f"{AR}.ref.log_prob_max_token_len_per_gpu": budget,
+    }
+    if c.algorithm == "ppo":
+        values.update(
+            {
+                "critic.use_dynamic_bsz": True,
+                "critic.ppo_max_token_len_per_gpu": budget,
+                "critic.forward_max_token_len_per_gpu": budget,
+                CRITIC_ENGINE_BUDGET: budget,
+            }
+        )
+    return values
+
+
 def _rollout_keys(engine: RolloutEngine) -> dict[str, Any]:
-    return {
+    values = {
         f"{AR}.rollout.name": engine.name,
         f"{AR}.rollout.tensor_model_parallel_size": engine.tensor_model_parallel_size,
         f"{AR}.rollout.gpu_memory_utilization": engine.gpu_memory_utilization,
         f"{AR}.rollout.max_model_len": engine.max_model_len,
     }
+    if engine.max_num_seqs is not None:  # else verl's default (rollout.yaml: 256)
+        values[f"{AR}.rollout.max_num_seqs"] = engine.max_num_seqs
+    return values
 
 
 def _kl_keys(c: ProbeConfig) -> dict[str, Any]:
@@ -280,6 +323,7 @@ def read_overrides(text: str) -> Target:
         get(f"{AR}.rollout.tensor_model_parallel_size"),
         get(f"{AR}.rollout.gpu_memory_utilization"),
         get(f"{AR}.rollout.max_model_len"),
+        max_num_seqs=_int_or(get(f"{AR}.rollout.max_num_seqs"), None),
     )
     return Target(
         kind="verl overrides",
@@ -356,7 +400,24 @@ def _config(get: Any, gpus: int) -> ProbeConfig | None:
         lora_alpha=_int_or(get(f"{AR}.model.lora_alpha"), ProbeConfig.lora_alpha),
         kl_coef=_kl_coef(get),
         **_holding(get, gpus),
+        **_verl_knobs(get),
     )
+
+
+def _verl_knobs(get: Any) -> dict[str, Any]:
+    """verl's knobs a file sets: max_num_seqs and dynamic batch size with the actor's token budget. The
+    share and the tensor parallel size are always written (a rule's or a searched value alike), so they read
+    back as the file's rollout engine (`Target.engine`), not as knobs. A budget of exactly the micro batch's
+    tokens is the knob's default (None), as the export writes it."""
+    dynamic = get(f"{AR}.actor.use_dynamic_bsz") is True
+    budget = _int_or(get(f"{AR}.actor.ppo_max_token_len_per_gpu"), None) if dynamic else None
+    micro = get(f"{AR}.actor.ppo_micro_batch_size_per_gpu")
+    length = _int_or(get("data.max_prompt_length"), 512) + _int_or(get("data.max_response_length"), 512)
+    return {
+        "max_num_seqs": _int_or(get(f"{AR}.rollout.max_num_seqs"), None),
+        "use_dynamic_bsz": dynamic,
+        "ppo_max_token_len_per_gpu": None if budget == micro * length else budget,
+    }
 
 
 def _holding(get: Any, gpus: int) -> dict[str, Any]:
@@ -440,12 +501,14 @@ def verl_rule_violations(overrides: Mapping[str, Any], n_gpus: int) -> list[str]
         f"{rollout}.agent.num_workers",
         f"{rollout}.tensor_model_parallel_size",
         "critic.forward_micro_batch_size_per_gpu",
+        f"{rollout}.max_num_seqs",
+        *BUDGET_KEYS,
         *micro_keys,
     ]
     errors = _positive_ints(overrides, sizes)
     if errors:  # the divisibility rules below need positive whole numbers
         return errors
-    errors += _gpu_rules(overrides, n_gpus)
+    errors += _gpu_rules(overrides, n_gpus) + _dynamic_rules(overrides)
     if not _get(overrides, f"{actor}.use_dynamic_bsz"):
         errors += [
             f"{key}: not set; verl requires every micro batch size unless use_dynamic_bsz is on"
@@ -454,6 +517,38 @@ def verl_rule_violations(overrides: Mapping[str, Any], n_gpus: int) -> list[str]
         ]
     if "data.train_batch_size" in overrides:
         errors += _batch_rules(overrides, n_gpus)
+    return errors
+
+
+def _dynamic_rules(overrides: Mapping[str, Any]) -> list[str]:
+    """vLLM's share is a fraction of the card; dynamic batch size is one switch for the actor and its
+    old-log-prob pass (workers/engine_workers.py:616), and every token budget holds the longest sequence
+    (utils/seqlen_balancing.py:384-386)."""
+    errors = []
+    share = _get(overrides, f"{AR}.rollout.gpu_memory_utilization")
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        errors.append(
+            f"{AR}.rollout.gpu_memory_utilization={share}: must be a fraction of the card, in (0, 1]"
+        )
+    dynamic = _get(overrides, f"{AR}.actor.use_dynamic_bsz") is True
+    log_prob = overrides.get(f"{AR}.rollout.log_prob_use_dynamic_bsz", dynamic)
+    if log_prob is not dynamic:
+        errors.append(
+            f"{AR}.rollout.log_prob_use_dynamic_bsz={format_value(log_prob)}: verl asserts it equals "
+            f"{AR}.actor.use_dynamic_bsz={format_value(dynamic)}"
+        )
+    if not dynamic:
+        return errors
+    longest = _int_or(_get(overrides, "data.max_prompt_length"), 512) + _int_or(
+        _get(overrides, "data.max_response_length"), 512
+    )
+    for key in BUDGET_KEYS:
+        budget = _get(overrides, key)
+        if isinstance(budget, int) and budget < longest:
+            errors.append(
+                f"{key}={budget}: below the longest sequence, data.max_prompt_length+max_response_length="
+                f"{longest}; verl asserts a micro-batch's token budget holds it"
+            )
     return errors
 
 
@@ -504,7 +599,8 @@ def _batch_rules(overrides: Mapping[str, Any], n_gpus: int) -> list[str]:
         )
         if overrides.get(k) is not None
     ]
-    for key in forward:
+    dynamic = _get(overrides, f"{AR}.actor.use_dynamic_bsz") is True  # verl cuts by tokens, not these
+    for key in [] if dynamic else forward:
         if share is not None and share % overrides[key]:
             errors.append(
                 f"{key}={overrides[key]}: must divide the per-GPU share B×n/N={share} "
@@ -536,6 +632,8 @@ def _mini_batch_rules(B: int, n: int, M: int, N: int, overrides: Mapping[str, An
         errors.append(f"{key}×rollout.n={M}×{n}={M * n}: must be divisible by the {N} GPUs")
         return errors
     per_gpu = M * n // N
+    if _get(overrides, f"{AR}.actor.use_dynamic_bsz") is True:  # micro-batches cut by tokens instead
+        return errors
     for micro_key in (f"{AR}.actor.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu"):
         m = overrides.get(micro_key)
         if m is not None and per_gpu % m:

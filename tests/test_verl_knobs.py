@@ -1,0 +1,148 @@
+"""verl's own knobs (`--engine verl`): their rules, the export that writes them instead of the rules' values,
+and the round trip through best_config.yaml, verl_overrides.txt and `autotune check`'s reader."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from autotune.config.knobs import VERL_KNOBS, ProbeConfig, parse_sets
+from autotune.config.rules import config_findings
+from autotune.formats.read import read_target
+from autotune.formats.rollout import rollout_engine
+from autotune.formats.seed_yaml import seed_document, seed_yaml
+from autotune.formats.verl import AR, format_overrides, verl_overrides, verl_rule_violations
+from autotune.units import GIB
+
+BASE = ProbeConfig(
+    rollout_batch_size=16,
+    train_batch_size=64,
+    micro_batch_size=4,
+    gradient_accumulation_steps=2,
+    max_prompt_length=64,
+    max_response_length=128,
+)
+KNOBS = dataclasses.replace(
+    BASE,
+    gpu_memory_utilization=0.45,
+    tensor_model_parallel_size=2,
+    max_num_seqs=128,
+    use_dynamic_bsz=True,
+    ppo_max_token_len_per_gpu=1024,
+)
+
+
+def lines(config: ProbeConfig, gpus: int = 1) -> list[str]:
+    return [f.line for f in config_findings(config, gpus, cores=8)]
+
+
+@pytest.mark.parametrize(
+    ("changes", "gpus", "says"),
+    [
+        ({"gpu_memory_utilization": 1.0}, 1, "must be a number > 0 and < 1"),
+        ({"gpu_memory_utilization": 0.0}, 1, "must be a number > 0 and < 1"),
+        ({"gpu_memory_utilization": float("nan")}, 1, "finite"),
+        ({"tensor_model_parallel_size": 3}, 2, "does not divide the 2 GPU(s)"),
+        ({"tensor_model_parallel_size": 0}, 2, "must be a whole number >= 1"),
+        ({"max_num_seqs": 0}, 1, "must be a whole number >= 1"),
+        ({"ppo_max_token_len_per_gpu": 4096}, 1, "without use_dynamic_bsz"),
+        ({"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 191}, 1, "below one sequence"),
+    ],
+)
+def test_each_verl_knob_rule_is_one_finding_with_its_fix(changes, gpus, says):
+    found = lines(dataclasses.replace(BASE, **changes), gpus)
+    assert len(found) == 1 and says in found[0] and "; fix: " in found[0], found
+
+
+def test_the_knobs_default_to_the_rules_and_break_nothing():
+    assert not BASE.uses_verl_knobs and KNOBS.uses_verl_knobs
+    assert lines(dataclasses.replace(KNOBS, ppo_max_token_len_per_gpu=192), 2) == []  # exactly one sequence
+    assert lines(KNOBS, 2) == []
+
+
+def test_set_parses_the_knobs_with_their_types():
+    values = parse_sets(["gpu_memory_utilization=0.4", "use_dynamic_bsz=true", "max_num_seqs=none"])
+    assert values == {"gpu_memory_utilization": 0.4, "use_dynamic_bsz": True, "max_num_seqs": None}
+
+
+def test_dynamic_batches_are_modelled_as_the_micro_batch_the_budget_holds():
+    """Every probe sequence is Lp + Lr = 192 tokens: 1024 tokens hold 5 of them, at most a GPU's mini batch
+    (m·g = 8) for the update and its share of T for forward passes; the default budget is the micro batch."""
+    fixed = KNOBS.with_fixed_micro_batches(gpus=2)
+    assert (fixed.micro_batch_size, fixed.forward_micro_batch_size) == (5, 5)
+    big = dataclasses.replace(KNOBS, ppo_max_token_len_per_gpu=192 * 100).with_fixed_micro_batches(2)
+    assert (big.micro_batch_size, big.forward_micro_batch_size) == (8, 32)
+    default = dataclasses.replace(KNOBS, ppo_max_token_len_per_gpu=None)
+    assert default.token_budget == 4 * 192 and default.with_fixed_micro_batches(2).micro_batch_size == 4
+    assert BASE.with_fixed_micro_batches(2) is BASE
+
+
+def test_the_export_writes_the_knobs_instead_of_the_rules():
+    engine = rollout_engine(KNOBS, 2, "vllm", 80 * GIB, 30 * GIB, 4_000_000)
+    values = verl_overrides(KNOBS, 2, engine=engine).values
+    rollout = f"{AR}.rollout"
+    assert values[f"{rollout}.gpu_memory_utilization"] == 0.45
+    assert values[f"{rollout}.tensor_model_parallel_size"] == 2
+    assert values[f"{rollout}.max_num_seqs"] == 128
+    budgets = {key: value for key, value in values.items() if "max_token_len" in key}
+    assert set(budgets.values()) == {1024} and len(budgets) == 6  # actor, log-prob, ref, critic ×3
+    switches = [key for key, value in values.items() if "use_dynamic_bsz" in key]
+    assert all(values[key] is True for key in switches) and len(switches) == 4
+    assert verl_rule_violations(values, 2) == []
+    assert any("the configuration's own" in note for note in engine.notes)
+
+
+def test_without_the_knobs_the_export_is_what_it_was():
+    engine = rollout_engine(BASE, 2, "vllm", 80 * GIB, 30 * GIB, 4_000_000)
+    values = verl_overrides(BASE, 2, engine=engine).values
+    assert not any("dynamic_bsz" in key or "max_token_len" in key or "max_num_seqs" in key for key in values)
+    assert (values[f"{AR}.rollout.gpu_memory_utilization"], engine.tensor_model_parallel_size) == (0.55, 1)
+
+
+def test_grpo_has_no_critic_budget():
+    grpo = dataclasses.replace(KNOBS, algorithm="grpo", rollout_n=4)
+    values = verl_overrides(grpo, 2).values
+    assert not any(key.lstrip("+").startswith("critic.") for key in values)
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({f"{AR}.rollout.log_prob_use_dynamic_bsz": False}, "verl asserts it equals"),
+        ({f"{AR}.ref.log_prob_max_token_len_per_gpu": 100}, "below the longest sequence"),
+        ({f"{AR}.rollout.gpu_memory_utilization": 1.5}, "fraction of the card"),
+        ({f"{AR}.rollout.max_num_seqs": 0}, "must be a whole number >= 1"),
+    ],
+)
+def test_verls_rules_on_an_edited_file(change, says):
+    values = {**verl_overrides(KNOBS, 2).values, **change}
+    assert any(says in error for error in verl_rule_violations(values, 2))
+
+
+def test_the_knobs_round_trip_through_both_files_and_the_check_reader(tmp_path: Path):
+    """best_config.yaml keeps every knob as the config's; verl's overrides cannot tell a searched share or
+    tensor parallel size from a rule's (both are always written), so those two read back as the file's
+    rollout engine, the others as knobs."""
+    engine = rollout_engine(KNOBS, 2, "vllm", 80 * GIB, 30 * GIB, 4_000_000)
+    seed_path, verl_path = tmp_path / "best_config.yaml", tmp_path / "verl_overrides.txt"
+    seed_path.write_text(seed_yaml(seed_document(KNOBS, "tiny-llama", "function", {"gpus": 2}, engine)))
+    verl_path.write_text(format_overrides(verl_overrides(KNOBS, 2, engine=engine).values))
+    seed, verl = read_target(seed_path), read_target(verl_path)
+    assert seed.findings == [] and verl.findings == []
+    assert {k: getattr(seed.config, k) for k in VERL_KNOBS} == {k: getattr(KNOBS, k) for k in VERL_KNOBS}
+    shown = dataclasses.replace(KNOBS, gpu_memory_utilization=None, tensor_model_parallel_size=None)
+    assert {k: getattr(verl.config, k) for k in VERL_KNOBS} == {k: getattr(shown, k) for k in VERL_KNOBS}
+    for target in (seed, verl):
+        assert target.engine.gpu_memory_utilization == 0.45
+        assert target.engine.tensor_model_parallel_size == 2
+        assert target.engine.max_num_seqs == 128
+
+
+def test_a_default_budget_reads_back_as_the_default(tmp_path: Path):
+    config = dataclasses.replace(BASE, use_dynamic_bsz=True)
+    path = tmp_path / "verl_overrides.txt"
+    path.write_text(format_overrides(verl_overrides(config, 1).values))
+    read = read_target(path).config
+    assert read is not None and read.use_dynamic_bsz and read.ppo_max_token_len_per_gpu is None
