@@ -466,7 +466,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 def _cmd_probe(args: argparse.Namespace) -> int:
     from autotune.config.knobs import ProbeConfig, parse_sets
-    from autotune.config.rules import config_findings, offload_findings, position_findings, raise_for
+    from autotune.config.rules import (
+        config_findings,
+        engine_findings,
+        offload_findings,
+        position_findings,
+        raise_for,
+    )
     from autotune.models.registry import resolve_model, resolve_reward_model
     from autotune.probe.contract import ProbeSettings
     from autotune.probe.devices import resolve_device
@@ -475,7 +481,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     from autotune.status import Status
 
     config = ProbeConfig(**parse_sets(args.sets))
-    raise_for(config_findings(config, args.gpus))  # before the slow model lookup
+    raise_for(config_findings(config, args.gpus) + engine_findings(config, args.engine))  # before the model
     device = resolve_device(args.device, args.gpus)
     raise_for(offload_findings(config, device))
     spec = resolve_model(args.model, args.weights, args.trust_remote_code)

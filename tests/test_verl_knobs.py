@@ -3,17 +3,30 @@ and the round trip through best_config.yaml, verl_overrides.txt and `autotune ch
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 
+import optuna
 import pytest
 
 from autotune.config.knobs import VERL_KNOBS, ProbeConfig, parse_sets
-from autotune.config.rules import config_findings
+from autotune.config.rules import config_findings, engine_findings
+from autotune.errors import UserError
 from autotune.formats.read import read_target
 from autotune.formats.rollout import rollout_engine
 from autotune.formats.seed_yaml import seed_document, seed_yaml
 from autotune.formats.verl import AR, format_overrides, verl_overrides, verl_rule_violations
+from autotune.memory.model import Architecture, MemoryModel
+from autotune.search.policy import calibrated
+from autotune.search.prepare import check_engine_knobs
+from autotune.search.space import (
+    SpaceError,
+    at_least_as_large,
+    config_to_params,
+    sample_config,
+    space_from_dict,
+)
 from autotune.units import GIB
 
 BASE = ProbeConfig(
@@ -146,3 +159,99 @@ def test_a_default_budget_reads_back_as_the_default(tmp_path: Path):
     path.write_text(format_overrides(verl_overrides(config, 1).values))
     read = read_target(path).config
     assert read is not None and read.use_dynamic_bsz and read.ppo_max_token_len_per_gpu is None
+
+
+# --- the search space, the engine and the memory model ------------------------------------------------
+
+VERL_SPACE_KNOBS = {
+    "gpu_memory_utilization": {"min": 0.3, "max": 0.5, "step": 0.1},
+    "tensor_model_parallel_size": {"min": 1, "max": 2},
+    "max_num_seqs": {"choices": [64, 256]},
+    "use_dynamic_bsz": {"choices": [False, True]},
+    "ppo_max_token_len_per_gpu": {"min": 256, "max": 1024},
+}
+
+
+def space(**knobs):
+    from autotune.search.space import load_space
+
+    tiny = load_space("cpu-tiny", cores=4)
+    data = copy.deepcopy(dict(tiny.raw))
+    data["gpus"] = 2
+    data["knobs"].update(knobs)
+    return space_from_dict(data, source="verl.yaml", cores=4)
+
+
+def test_a_space_searches_the_verl_knobs_and_every_sample_is_valid():
+    searched = space(**VERL_SPACE_KNOBS)
+    assert searched.verl_knobs == list(VERL_KNOBS)
+    assert searched.knob("gpu_memory_utilization").values() == (0.3, 0.4, 0.5)
+    grid = searched.grid()
+    assert len(grid) == searched.size()
+    assert {c.ppo_max_token_len_per_gpu for c in grid if not c.use_dynamic_bsz} == {None}
+    assert {c.ppo_max_token_len_per_gpu for c in grid if c.use_dynamic_bsz} == {256, 512, 1024}
+    for config in grid[:: max(1, len(grid) // 200)]:
+        assert config_findings(config, 2, cores=4) == []
+        params = config_to_params(searched, config)
+        assert params is not None and sample_config(searched, optuna.trial.FixedTrial(params)) == config
+
+
+@pytest.mark.parametrize(
+    ("knobs", "says"),
+    [
+        ({"tensor_model_parallel_size": 3}, "must divide the 2 GPU(s)"),
+        ({"tensor_model_parallel_size": {"min": 3, "max": 3}}, "no divisor of the 2 GPU(s)"),
+        ({"gpu_memory_utilization": {"choices": [0.5, 1.0]}}, "must be a number > 0 and < 1"),
+        ({"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 64}, "at least one sequence"),
+    ],
+)
+def test_a_space_with_a_broken_verl_knob_is_refused_in_one_line(knobs, says):
+    with pytest.raises(SpaceError) as caught:
+        space(**knobs)
+    assert len(caught.value.errors) == 1 and says in caught.value.errors[0]
+
+
+def test_the_builtin_engine_refuses_verl_knobs_in_one_line():
+    check_engine_knobs(space(), "builtin")  # no verl knob: nothing to say
+    check_engine_knobs(space(**VERL_SPACE_KNOBS), "verl")
+    with pytest.raises(UserError) as caught:
+        check_engine_knobs(space(max_num_seqs=64), "builtin")
+    assert "max_num_seqs" in str(caught.value) and "--engine verl" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert engine_findings(KNOBS, "builtin") and engine_findings(KNOBS, "verl") == []
+
+
+def model(card: float | None) -> MemoryModel:
+    from autotune.models.registry import resolve_model
+
+    arch = Architecture.from_specs(resolve_model("tiny-llama", "random", False), None)
+    return MemoryModel(arch, 1, "cuda", rollout_card_bytes=card)
+
+
+def test_under_verl_the_pool_meets_the_resident_states_not_the_training_peak():
+    """vLLM sleeps while verl trains: the peak is the larger of the training side and, where the config sets
+    a share, the states resident while vLLM generates plus that share of the card."""
+    builtin, verl = model(None), model(80 * GIB)
+    shared = dataclasses.replace(BASE, gpu_memory_utilization=0.5)
+    assert verl.predict(BASE) == builtin.predict(BASE)  # the rule sizes the pool to what training leaves
+    assert verl.generation_bytes(shared) == verl.minimum_bytes(shared) + 40 * GIB
+    assert verl.predict(shared) == max(builtin.predict(shared), verl.generation_bytes(shared))
+    assert builtin.generation_bytes(shared) == 0
+
+
+def test_under_verl_the_model_is_not_calibrated_on_device_peaks():
+    from tests.test_policy import trial
+
+    trials = [trial(0, "ok", BASE, 10.0, 50 * GIB)]
+    assert calibrated(model(80 * GIB), trials)[1] == 0
+    assert calibrated(model(None), trials)[1] == 1
+
+
+def test_dynamic_batches_grow_the_training_side_with_the_budget():
+    small = dataclasses.replace(BASE, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=192)
+    large = dataclasses.replace(small, ppo_max_token_len_per_gpu=192 * 8)
+    assert model(None).predict(large) > model(None).predict(small)
+    assert at_least_as_large(large, small) and not at_least_as_large(small, large)
+    assert not at_least_as_large(dataclasses.replace(large, gpu_memory_utilization=0.5), large)  # rule vs set
+    low = dataclasses.replace(BASE, gpu_memory_utilization=0.3)
+    assert at_least_as_large(dataclasses.replace(low, gpu_memory_utilization=0.6), low)

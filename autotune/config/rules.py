@@ -35,6 +35,7 @@ from autotune.config.knobs import (
     ALGORITHMS,
     MAX_KL_COEF,
     SHARDINGS,
+    VERL_KNOBS,
     ProbeConfig,
     physical_cores,
     rollout_batch_fix,
@@ -48,6 +49,7 @@ __all__ = [
     "POSITIVE_KNOBS",
     "Finding",
     "config_findings",
+    "engine_findings",
     "make_config",
     "position_findings",
     "problems",
@@ -300,6 +302,19 @@ def verl_knob_findings(c: ProbeConfig, gpus: int) -> list[Finding]:
         fix = f"ppo_max_token_len_per_gpu: {c.sequence_length} or more"
         found.append(Finding("verl", problem, fix, key="ppo_max_token_len_per_gpu", value=budget))
     return found
+
+
+def engine_findings(c: ProbeConfig, engine: str) -> list[Finding]:
+    """verl's knobs are measured by verl only: the built-in probe generates with Hugging Face generate on the
+    training weights (no vLLM pool, no tensor-parallel rollout, no dynamic batching)."""
+    if engine == "verl" or not c.uses_verl_knobs:
+        return []
+    named = [name for name in VERL_KNOBS if getattr(c, name) not in (None, False)]
+    problem = (
+        f"{', '.join(named)}: verl's own knobs, measured only with --engine verl (the built-in probe has no "
+        f"vLLM pool, tensor-parallel rollout or dynamic batching)"
+    )
+    return [Finding("verl", problem, "--engine verl, or leave them out", key=named[0])]
 
 
 def _verl_value_findings(c: ProbeConfig) -> list[Finding]:

@@ -517,6 +517,7 @@ def predict_components(
 
 
 def _components(arch: Architecture, config: ProbeConfig, world_size: int, device: str) -> MemoryBreakdown:
+    config = config.with_fixed_micro_batches(world_size)  # dynamic batches: the sequences a budget holds
     p = _Precision.of(device, config.use_lora)
     held = _Holding.of(config, world_size, device)
     actor, critic = _trainable_parameters(arch, config)
@@ -588,6 +589,7 @@ class MemoryModel:
         device: str = "cuda",
         constant: float | None = None,
         factor: float | None = None,
+        rollout_card_bytes: float | None = None,
     ) -> None:
         if device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, but got {device!r}.")
@@ -598,6 +600,8 @@ class MemoryModel:
         self.constant = float(prior_constant if constant is None else constant)
         self.factor = float(prior_factor if factor is None else factor)
         self.points = 0  # measurements the calibration used
+        # --engine verl: the card whose share vLLM claims (None: the built-in probe, no pool to model)
+        self.rollout_card_bytes = rollout_card_bytes
 
     def breakdown(self, config: ProbeConfig) -> MemoryBreakdown:
         return predict_components(self.arch, config, self.world_size, self.device)
@@ -616,7 +620,18 @@ class MemoryModel:
         """constant + exact + factor × dynamic: state sizes are exact, the factor covers what the allocator
         makes of activations, logits and caches."""
         exact, dynamic = self.split(config)
-        return int(self.constant + exact + self.factor * dynamic)
+        training = int(self.constant + exact + self.factor * dynamic)
+        return max(training, self.generation_bytes(config))
+
+    def generation_bytes(self, config: ProbeConfig) -> int:
+        """--engine verl with a share the config sets: vLLM's pool beside the training states that stay
+        resident while it generates. verl puts vLLM to sleep for the training phases (free_cache_engine,
+        on by default: vllm_async_server.py:853-862), so the pool and the training peak never meet. Without
+        a set share the export's rule sizes the pool to what training leaves: 0 here."""
+        share = config.gpu_memory_utilization
+        if self.rollout_card_bytes is None or share is None:
+            return 0
+        return int(self.minimum_bytes(config) + share * self.rollout_card_bytes)
 
     def relative_error(self, config: ProbeConfig, measured: int) -> float:
         """(predicted − measured) / measured: positive when the model over-predicts."""
@@ -644,7 +659,7 @@ class MemoryModel:
 
     def with_calibration(self, constant: float, factor: float) -> MemoryModel:
         """A copy of this model with another calibration (e.g. one fitted on another model's probes)."""
-        return MemoryModel(self.arch, self.world_size, self.device, constant, factor)
+        return MemoryModel(self.arch, self.world_size, self.device, constant, factor, self.rollout_card_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -654,6 +669,7 @@ class MemoryModel:
             "constant": self.constant,
             "factor": self.factor,
             "points": self.points,
+            "rollout_card_bytes": self.rollout_card_bytes,
         }
 
     @classmethod
@@ -664,6 +680,7 @@ class MemoryModel:
             device=data["device"],
             constant=float(data["constant"]),
             factor=float(data["factor"]),
+            rollout_card_bytes=data.get("rollout_card_bytes"),
         )
         model.points = int(data.get("points", 0))
         return model

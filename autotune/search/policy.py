@@ -92,9 +92,16 @@ def previous_measurement(config: ProbeConfig, trials: list[FrozenTrial]) -> Froz
 
 
 def calibrated(prior: MemoryModel, trials: list[FrozenTrial]) -> tuple[MemoryModel, int]:
-    """The memory model refitted from the priors on every ok probe among `trials`, and how many there were."""
+    """The memory model refitted from the priors on every ok probe among `trials`, and how many there were.
+    Under --engine verl it stays at its priors: a verl probe's peak is the GPUs' (NVML), vLLM's pool and
+    processes included, not the training side the model predicts."""
+    fresh = MemoryModel(
+        prior.arch, prior.world_size, prior.device, rollout_card_bytes=prior.rollout_card_bytes
+    )
+    if prior.rollout_card_bytes is not None:
+        return fresh, 0
     points = [(trial_config(t), t.user_attrs[Attr.PEAK_BYTES]) for t in trials if measured_ok(t)]
-    return MemoryModel(prior.arch, prior.world_size, prior.device).calibrate(points), len(points)
+    return fresh.calibrate(points), len(points)
 
 
 def _measured_ooms(trials: list[FrozenTrial], budget: Budget) -> list[tuple[int, ProbeConfig, int]]:

@@ -41,6 +41,7 @@ from autotune.units import GIB
 __all__ = [
     "Prepared",
     "RunOptions",
+    "check_engine_knobs",
     "check_floor",
     "check_offload",
     "command_line_space",
@@ -53,6 +54,7 @@ __all__ = [
     "prepare",
     "probe_settings",
     "resolve_budget_gib",
+    "rollout_card_bytes",
     "states_floor",
 ]
 
@@ -192,6 +194,7 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
     from autotune.probe.devices import device_label, resolve_device
 
     space, lengths = resolve_space(options, console)
+    check_engine_knobs(space, options.engine)
     device = resolve_device(options.device, space.gpus)
     if options.engine == "verl":
         announce_verl(options.verl_python, device, console)
@@ -201,7 +204,8 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
     reward = resolve_reward_model(space.reward_model)
     budget_gib = resolve_budget_gib(space, options, device)
     budget = Budget(int(budget_gib * GIB), space.headroom)
-    model = MemoryModel(Architecture.from_specs(actor, reward), space.gpus, device)
+    card = rollout_card_bytes(options.engine, device, budget)
+    model = MemoryModel(Architecture.from_specs(actor, reward), space.gpus, device, rollout_card_bytes=card)
     longest = ProbeConfig(
         **space.fixed_fields,
         max_prompt_length=max(space.knob("max_prompt_length").values()),
@@ -306,6 +310,31 @@ def without_unmeasurable_offload(space: SearchSpace, device: str, console: Conso
         soft_wrap=True,
     )
     return space_from_dict(data, source=space.source, cores=space.cores, name=space.name)
+
+
+def check_engine_knobs(space: SearchSpace, engine: str) -> None:
+    """Refuse, in one line, verl's own knobs under the built-in probe: it generates with Hugging Face
+    generate on the training weights, so a vLLM share, a tensor-parallel rollout or a dynamic batch would be
+    searched without being measured (fixing them silently would hand back a config nobody probed)."""
+    named = space.verl_knobs
+    if engine != "verl" and named:
+        raise UserError(
+            f"{space.source}: knobs {', '.join(named)} are verl's own, measured only with --engine verl "
+            f"(the built-in probe has no vLLM pool, tensor-parallel rollout or dynamic batching): run with "
+            f"--engine verl --verl-python PATH, or leave them out"
+        )
+
+
+def rollout_card_bytes(engine: str, device: str, budget: Budget) -> float | None:
+    """--engine verl: the card vLLM's share is a fraction of (the GPU's memory; on CPU, where only a
+    stand-in verl runs, the budget); None for the built-in probe, which has no pool."""
+    if engine != "verl":
+        return None
+    if device == "cuda":
+        import torch
+
+        return float(torch.cuda.get_device_properties(0).total_memory)
+    return float(budget.bytes)
 
 
 def check_offload(space: SearchSpace, device: str) -> None:

@@ -79,6 +79,13 @@ YAML schema (unknown keys anywhere are errors; every error is reported at once, 
       param_offload: false                            # optional, default false; offload_policy and
       optimizer_offload: false                        # these (true/false or {choices}) need a sharding
       offload_policy: {choices: [false, true]}        # other than replicate, and CUDA
+      # verl's own knobs, --engine verl only (`prepare` refuses them for the built-in probe); null = the rule
+      gpu_memory_utilization: {min: 0.3, max: 0.6}    # vLLM's share of the card: values in (0, 1),
+                                                      # {choices}, or {min, max[, step]} (step 0.05)
+      tensor_model_parallel_size: {min: 1, max: 2}    # divisors of gpus; {choices} or a value too
+      max_num_seqs: {choices: [128, 256]}             # as a length: {min, max} powers of two, step, choices
+      use_dynamic_bsz: {choices: [false, true]}       # micro-batches cut by a token budget per GPU
+      ppo_max_token_len_per_gpu: {min: 4096, max: 16384}  # asked only with use_dynamic_bsz; >= Lp + Lr
     seed_configs:                  # optional: hand-made configs, enqueued first when they fit the space
       - {name: "...", train_batch_size: 32, mini_batch_size: 8, rollout_batch_size: 8,
          micro_batch_size: 4, num_rollout_workers: 1, max_prompt_length: 32,
@@ -107,6 +114,7 @@ from autotune.config.knobs import ALGORITHMS, MAX_KL_COEF, SHARDINGS, ProbeConfi
 from autotune.config.numbers import MAX_GIB, MAX_RANKS, MAX_SECONDS, is_int
 from autotune.config.schema import MISSING, Checker, show
 from autotune.errors import UserError
+from autotune.units import divisors
 
 __all__ = [
     "HOLDING_KNOBS",
@@ -118,6 +126,7 @@ __all__ = [
     "RECIPE_KNOBS",
     "SYSTEM_KNOBS",
     "TIME_ONLY_KNOBS",
+    "VERL_KNOBS",
     "KnobSpec",
     "LoraSpec",
     "ProbeSpec",
@@ -144,12 +153,19 @@ WORKERS, PROMPT, RESPONSE = "num_rollout_workers", "max_prompt_length", "max_res
 CHECKPOINTING, SHARDING = "gradient_checkpointing", "sharding"
 OFFLOAD_KNOBS = ("param_offload", "optimizer_offload", "offload_policy")
 HOLDING_KNOBS = (SHARDING, *OFFLOAD_KNOBS)  # how the training states are held: sampled together
-BOOL_KNOBS = (CHECKPOINTING, *OFFLOAD_KNOBS)
+# verl's own knobs (`--engine verl` only; `prepare` refuses them for the built-in probe): vLLM's share of the
+# card, tensor parallel size (divisors of W), max_num_seqs, and dynamic batch size with its token budget
+UTILIZATION, TP, SEQS = "gpu_memory_utilization", "tensor_model_parallel_size", "max_num_seqs"
+DYNAMIC, BUDGET = "use_dynamic_bsz", "ppo_max_token_len_per_gpu"
+VERL_KNOBS = (UTILIZATION, TP, SEQS, DYNAMIC, BUDGET)
+DYNAMIC_KNOBS = (DYNAMIC, BUDGET)  # sampled together: the budget only with dynamic batch size on
+UTILIZATION_STEP = 0.05  # of a {min, max} share without a step
+BOOL_KNOBS = (CHECKPOINTING, *OFFLOAD_KNOBS, DYNAMIC)
 
 UNIT_KNOBS = (TRAIN, MINI, ROLLOUT)  # u·2^k
 EXPONENT_ORDER = (TRAIN, MINI, ROLLOUT, MICRO, LOGPROB)  # sampling order: each range clipped by the earlier
 LENGTH_KNOBS = (PROMPT, RESPONSE)
-KNOBS = (*EXPONENT_ORDER, WORKERS, *LENGTH_KNOBS, CHECKPOINTING, *HOLDING_KNOBS)
+KNOBS = (*EXPONENT_ORDER, WORKERS, *LENGTH_KNOBS, CHECKPOINTING, *HOLDING_KNOBS, *VERL_KNOBS)
 # What is trained per step (with algorithm, rollout_n, kl_coef and LoRA): fixed unless listed under `tune:`.
 RECIPE_KNOBS = (TRAIN, MINI, PROMPT, RESPONSE)
 SYSTEM_KNOBS = tuple(name for name in KNOBS if name not in RECIPE_KNOBS)  # speed and memory only: searched
@@ -158,6 +174,8 @@ OPTIONAL_KNOBS: dict[str, Any] = {  # omitted -> this value (verl's defaults)
     CHECKPOINTING: True,
     SHARDING: "replicate",
     **dict.fromkeys(OFFLOAD_KNOBS, False),
+    **dict.fromkeys(VERL_KNOBS, None),  # the export's rule or verl's default
+    DYNAMIC: False,
 }
 
 LEGACY_PREFIX = "log2_"  # how studies before the readable parameters named an exponent
@@ -172,7 +190,19 @@ FIXED, CHOICES, POW2, LINEAR = "fixed", "choices", "pow2", "linear"
 # g beyond a rollout buffer of a few MB; the workers are separate processes, outside a rank's CUDA memory
 # and its RSS).
 MEMORY_MONOTONE_KNOBS = (MICRO, ROLLOUT, PROMPT, RESPONSE, "forward_micro_batch_size")
-MEMORY_EQUAL_FIELDS = ("algorithm", "rollout_n", "use_lora", "lora_r", "use_kl", *HOLDING_KNOBS)
+MEMORY_EQUAL_FIELDS = (
+    "algorithm",
+    "rollout_n",
+    "use_lora",
+    "lora_r",
+    "use_kl",
+    *HOLDING_KNOBS,
+    TP,
+    SEQS,
+    DYNAMIC,
+)
+# monotone where both are set (vLLM's pool, the tokens per micro-batch); None (a rule) compares only with None
+OPTIONAL_MONOTONE_KNOBS = (UTILIZATION, BUDGET)
 TIME_ONLY_KNOBS = (TRAIN, ACCUM, WORKERS)
 
 _TOP_KEYS = (
@@ -372,6 +402,20 @@ class SearchSpace:
                 found.append(holding)
         return found
 
+    def dynamic_batches(self) -> list[dict[str, Any]]:
+        """Every dynamic-batch setting of the space: off (no budget), or on with each budget."""
+        budgets = self.knob(BUDGET).values(self.cores)
+        return [
+            {DYNAMIC: on, BUDGET: budget}
+            for on in self.knob(DYNAMIC).values()
+            for budget in (budgets if on else (None,))
+        ]
+
+    @property
+    def verl_knobs(self) -> list[str]:
+        """verl's knobs this space may set (any value but the rule's None or false)."""
+        return [n for n in VERL_KNOBS if any(v not in (None, False) for v in self.knob(n).values(self.cores))]
+
     def probe_config(self, values: Mapping[str, Any]) -> ProbeConfig:
         """The ProbeConfig of knob values (mini_batch_size M becomes g = M/(W·m)) and the fixed fields."""
         knobs = dict(values)
@@ -392,18 +436,19 @@ class SearchSpace:
     def iter_grid(self) -> Iterator[ProbeConfig]:
         others = _other_specs(self)
         other_values = [k.values(self.cores) for k in others]
-        holdings = self.holdings()
+        holdings, dynamics = self.holdings(), self.dynamic_batches()
         for exponents in _exponent_tuples(self):
             batch = {name: self.knob(name).value(e) for name, e in exponents.items()}
-            for holding in holdings:
+            for holding, dynamic in itertools.product(holdings, dynamics):
                 for combo in itertools.product(*other_values):
                     knobs = dict(zip([k.name for k in others], combo, strict=True))
-                    yield self.probe_config({**batch, **holding, **knobs})
+                    yield self.probe_config({**batch, **holding, **dynamic, **knobs})
 
     def size(self) -> int:
         """How many valid configurations the space holds (without building them)."""
         others = math.prod(len(k.values(self.cores)) for k in _other_specs(self))
-        return sum(1 for _ in _exponent_tuples(self)) * len(self.holdings()) * others
+        conditional = len(self.holdings()) * len(self.dynamic_batches())
+        return sum(1 for _ in _exponent_tuples(self)) * conditional * others
 
 
 def knob_value(config: ProbeConfig, name: str, gpus: int) -> Any:
@@ -437,7 +482,8 @@ def _other_specs(space: SearchSpace) -> list[KnobSpec]:
     """The knobs independent of the batch knobs and of the holding: workers, lengths, checkpointing (and a
     log-prob knob fixed to None)."""
     exponents = {spec.name for spec in _pow2_specs(space)}
-    return [k for k in space.knobs if k.name not in exponents and k.name not in HOLDING_KNOBS]
+    conditional = (*HOLDING_KNOBS, *DYNAMIC_KNOBS)
+    return [k for k in space.knobs if k.name not in exponents and k.name not in conditional]
 
 
 def _bounds(space: SearchSpace, name: str, chosen: Mapping[str, int]) -> tuple[int, int]:
@@ -519,6 +565,8 @@ def sample_config(space: SearchSpace, trial: Any) -> ProbeConfig:
             continue
         if spec.name in OFFLOAD_KNOBS and values[SHARDING] == "replicate":
             values[spec.name] = False
+        elif spec.name == BUDGET and not values[DYNAMIC]:
+            values[spec.name] = None  # verl reads the budget only with dynamic batch size
         else:
             values[spec.name] = _suggest(spec, trial, space.cores)
     return space.probe_config(values)
@@ -617,6 +665,10 @@ def _params_and_misfits(space: SearchSpace, config: ProbeConfig) -> tuple[dict[s
             if value:  # sampling never asks: offload is false under replicate
                 problems.append(f"{spec.name}=true: offload is FSDP's, and the config replicates its states")
             continue
+        if spec.name == BUDGET and not config.use_dynamic_bsz:
+            if value is not None:  # sampling never asks: verl reads the budget only with dynamic batch size
+                problems.append(f"{BUDGET}={value}: a token budget needs use_dynamic_bsz")
+            continue
         allowed = spec.values(space.cores)
         if spec.name == WORKERS and is_int(value) and value > space.cores:
             problems.append(f"{WORKERS}={value}: exceeds the {space.cores} physical cores here")
@@ -658,6 +710,10 @@ def at_least_as_large(a: ProbeConfig, b: ProbeConfig) -> bool:
         return False
     if a.gradient_checkpointing and not b.gradient_checkpointing:
         return False
+    for key in OPTIONAL_MONOTONE_KNOBS:
+        x, y = getattr(a, key), getattr(b, key)
+        if x != y and (x is None or y is None or x < y):
+            return False
     return all(getattr(a, key) >= getattr(b, key) for key in MEMORY_MONOTONE_KNOBS)
 
 
@@ -736,7 +792,7 @@ def space_from_dict(
     top = _parse_top(check, data)
     unit = top["gpus"] * top["rollout_n"] if top["gpus"] and top["rollout_n"] else None
     tune = _parse_tune(check, data.get("tune"))
-    knobs = _parse_knobs(check, data.get("knobs"), unit, cores)
+    knobs = _parse_knobs(check, data.get("knobs"), unit, cores, top["gpus"])
     _check_recipe(check, knobs, tune, data.get("knobs"))
     space = None
     if not check.errors:
@@ -751,6 +807,7 @@ def space_from_dict(
         )
         _check_conflicts(check, space)
         _check_holding(check, space)
+        _check_budget(check, space)
     seeds, unfit = _parse_seeds(check, data.get("seed_configs"), space, top["gpus"])
     if check.errors:
         raise SpaceError(check.errors)
@@ -846,7 +903,9 @@ def _check_recipe(check: Checker, knobs: dict[str, KnobSpec], tune: tuple[str, .
             )
 
 
-def _parse_knobs(check: Checker, data: Any, unit: int | None, cores: int) -> dict[str, KnobSpec]:
+def _parse_knobs(
+    check: Checker, data: Any, unit: int | None, cores: int, gpus: int | None = None
+) -> dict[str, KnobSpec]:
     if check.mapping("knobs", data) is None:
         return {}
     check.unknown_keys("knobs", {k: v for k, v in data.items() if k != ACCUM}, KNOBS)
@@ -860,7 +919,11 @@ def _parse_knobs(check: Checker, data: Any, unit: int | None, cores: int) -> dic
                     f"knobs.{name}", MISSING, "missing: a value (fixed), {min, max} or {choices: [...]}"
                 )
             continue
-        spec = _parse_knob(check, name, data.get(name, OPTIONAL_KNOBS.get(name)), unit, cores)
+        raw = data.get(name, OPTIONAL_KNOBS.get(name))
+        if name in (UTILIZATION, TP):
+            spec = _parse_verl_knob(check, name, raw, gpus)
+        else:
+            spec = _parse_knob(check, name, raw, unit, cores)
         if spec is not None:
             knobs[name] = spec
     return knobs
@@ -892,7 +955,7 @@ def _parse_knob(check: Checker, name: str, raw: Any, unit: int | None, cores: in
     # a scalar: the knob is fixed
     if name in (*BOOL_KNOBS, SHARDING):
         return KnobSpec(name, FIXED, (raw,)) if _choice_ok(check, path, name, raw) else None
-    if name == LOGPROB and raw is None:
+    if name in (LOGPROB, *VERL_KNOBS) and raw is None:
         return KnobSpec(name, FIXED, (None,))
     if check.integer(path, raw, 1) is None:
         return None
@@ -979,9 +1042,70 @@ def _parse_range(check: Checker, name: str, raw: dict, unit: int, cores: int) ->
         check.error(path, raw, f"no value of the form {_form(name, unit)} between {low} and {high}")
         return None
     spec = KnobSpec(name, POW2, low=e_low, high=e_high, unit=unit)
-    if name in LENGTH_KNOBS and e_low == e_high:
+    if name not in EXPONENT_ORDER and e_low == e_high:
         return KnobSpec(name, FIXED, (spec.value(e_low),))
     return spec
+
+
+def _parse_verl_knob(check: Checker, name: str, raw: Any, gpus: int | None) -> KnobSpec | None:
+    """vLLM's share (numbers in (0, 1); {min, max[, step]} every step of 0.05 by default) or the tensor
+    parallel size (divisors of the GPUs; {min, max}: those in the range); null = the export's rule."""
+    path = f"knobs.{name}"
+    if raw is None:
+        return KnobSpec(name, FIXED, (None,))
+    if isinstance(raw, dict):
+        check.unknown_keys(path, raw, ("min", "max", "step", "choices"))
+        if "choices" in raw:
+            values = raw["choices"] if isinstance(raw["choices"], list) and raw["choices"] else None
+            if values is None:
+                check.error(f"{path}.choices", raw["choices"], "must be a non-empty list")
+                return None
+        elif {"min", "max"} <= raw.keys():
+            values = _verl_range(check, name, raw, gpus)
+            if values is None:
+                return None
+        else:
+            check.error(path, raw, "give one value, {min, max} or {choices: [...]}")
+            return None
+    else:
+        values = [raw]
+    checked = [_verl_value(check, f"{path}", name, v, gpus) for v in values]
+    if any(v is None for v in checked):
+        return None
+    unique = tuple(dict.fromkeys(checked))
+    return KnobSpec(name, FIXED, unique) if len(unique) == 1 else KnobSpec(name, CHOICES, unique)
+
+
+def _verl_range(check: Checker, name: str, raw: dict, gpus: int | None) -> list[Any] | None:
+    path = f"knobs.{name}"
+    if name == TP:
+        low, high = check.integer(f"{path}.min", raw["min"], 1), check.integer(f"{path}.max", raw["max"], 1)
+        if low is None or high is None or gpus is None:
+            return None
+        found = [d for d in divisors(gpus) if low <= d <= high]
+        if not found:
+            check.error(path, raw, f"no divisor of the {gpus} GPU(s) in the range")
+        return found or None
+    low = check.number(f"{path}.min", raw["min"], 0, 1, open_low=True, open_high=True)
+    high = check.number(f"{path}.max", raw["max"], 0, 1, open_low=True, open_high=True)
+    step = check.number(f"{path}.step", raw.get("step", UTILIZATION_STEP), 0, 1, open_low=True)
+    if low is None or high is None or step is None:
+        return None
+    if low > high:
+        check.error(f"{path}.min", low, f"exceeds {name}.max={high}")
+        return None
+    return [round(low + i * step, 4) for i in range(int((high - low) / step + 1e-9) + 1)]
+
+
+def _verl_value(check: Checker, path: str, name: str, value: Any, gpus: int | None) -> Any:
+    """One value: a share strictly between 0 and 1, or a tensor parallel size that divides the GPUs."""
+    if name == UTILIZATION:
+        return check.number(path, value, 0, 1, open_low=True, open_high=True)
+    size = check.integer(path, value, 1)
+    if size is not None and gpus and gpus % size:
+        check.error(path, value, f"must divide the {gpus} GPU(s): verl starts GPUs // TP rollout replicas")
+        return None
+    return size
 
 
 def _check_conflicts(check: Checker, space: SearchSpace) -> None:
@@ -1042,6 +1166,20 @@ def _check_holding(check: Checker, space: SearchSpace) -> None:
             )
 
 
+def _check_budget(check: Checker, space: SearchSpace) -> None:
+    """A token budget holds the longest sequence the space may have (verl asserts it before it cuts
+    micro-batches, utils/seqlen_balancing.py:384-386)."""
+    budgets = [b for b in space.knob(BUDGET).values(space.cores) if b is not None]
+    longest = max(space.knob(PROMPT).values()) + max(space.knob(RESPONSE).values())
+    if budgets and min(budgets) < longest:
+        check.error(
+            f"knobs.{BUDGET}",
+            min(budgets),
+            f"is below max_prompt_length+max_response_length={longest}: verl requires a token budget of at "
+            f"least one sequence",
+        )
+
+
 def _parse_seeds(
     check: Checker, data: Any, space: SearchSpace | None, gpus: int | None
 ) -> tuple[list[SeedConfig], list[tuple[str, str]]]:
@@ -1090,7 +1228,9 @@ def _seed_values(check: Checker, path: str, raw: dict, gpus: int | None) -> dict
         value = raw.get(knob, OPTIONAL_KNOBS.get(knob))
         if knob in (*BOOL_KNOBS, SHARDING):
             _choice_ok(check, f"{path}.{knob}", knob, value)
-        elif not (knob == LOGPROB and value is None):
+        elif knob == UTILIZATION and value is not None:
+            check.number(f"{path}.{knob}", value, 0, 1, open_low=True, open_high=True)
+        elif not (knob in (LOGPROB, *VERL_KNOBS) and value is None):
             check.integer(f"{path}.{knob}", value, 1)
         values[knob] = value
     return values if len(check.errors) == before else None

@@ -26,10 +26,16 @@ from autotune.config.knobs import ProbeConfig
 __all__ = ["PHASE_KNOBS", "Observation", "SpeedModel", "knob_values"]
 
 # the knobs each phase's time depends on, beyond the holding and the recipe (which touch every phase)
-PHASE_KNOBS = {
-    "rollout": ("rollout_batch_size", "num_rollout_workers"),
-    "scoring": ("log_prob_micro_batch_size",),
-    "update": ("micro_batch_size", "gradient_checkpointing"),
+PHASE_KNOBS = {  # with verl's own knobs (--engine verl): vLLM's in the rollout, dynamic batches in the others
+    "rollout": (
+        "rollout_batch_size",
+        "num_rollout_workers",
+        "gpu_memory_utilization",
+        "tensor_model_parallel_size",
+        "max_num_seqs",
+    ),
+    "scoring": ("log_prob_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu"),
+    "update": ("micro_batch_size", "gradient_checkpointing", "use_dynamic_bsz", "ppo_max_token_len_per_gpu"),
 }
 EVERY_PHASE = (
     "sharding",
@@ -69,6 +75,11 @@ def knob_values(config: ProbeConfig, gpus: int) -> dict[str, Any]:
     values["mini_batch_size"] = config.micro_batch_size * config.gradient_accumulation_steps * gpus
     values["num_rollout_workers"] = config.num_rollout_workers
     values["gradient_checkpointing"] = config.gradient_checkpointing
+    # verl's knobs: a feature only where the candidates differ (a rule's None never varies with a value);
+    # the budget as the tokens a micro-batch holds either way
+    for name in ("gpu_memory_utilization", "tensor_model_parallel_size", "max_num_seqs", "use_dynamic_bsz"):
+        values[name] = getattr(config, name)
+    values["ppo_max_token_len_per_gpu"] = config.token_budget
     return values
 
 

@@ -81,7 +81,7 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     from autotune.search.live import RUN_LOG, Narrator
     from autotune.search.loop import LiveView, print_summary, probe_study
     from autotune.search.outage import PENDING_FILE
-    from autotune.search.prepare import check_offload, machine_identity
+    from autotune.search.prepare import check_offload, machine_identity, rollout_card_bytes
     from autotune.search.sampler import SystemSampler
     from autotune.search.slots import plan_slots
     from autotune.search.space import space_from_dict
@@ -107,8 +107,9 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     reward = resolve_reward_model(space.reward_model)
     here = machine_identity(actor, reward, device_label(device), space.gpus)  # the study's job, or another?
     check_same_job(study, here, keys=tuple(here))
-    model = MemoryModel(Architecture.from_specs(actor, reward), space.gpus, device)
     budget = plan.budget
+    card = rollout_card_bytes(settings.engine, device, budget)
+    model = MemoryModel(Architecture.from_specs(actor, reward), space.gpus, device, rollout_card_bytes=card)
     slots = plan_slots(options.parallel, space.gpus, device)
     trials = options.trials or int(plan.trials or 0)
     pending = options.out / options.study / PENDING_FILE
