@@ -42,6 +42,13 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserError(f"{self.prog}: {message} (see {self.prog} --help)")
 
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        # argparse strips a lone `--` from `--flag=--` and stores [] without calling the flag's type.
+        for arg in sys.argv[1:] if args is None else args:
+            if arg.startswith("--") and arg.endswith("=--"):
+                self.error(f"argument {arg[:-3]}: expected a value, got '--'")
+        return super().parse_known_args(args, namespace)
+
 
 RANKS = argument(parse_int, maximum=MAX_RANKS)  # --gpus, --parallel: each rank or slot is a process
 COUNT = argument(parse_int)  # trials, iterations, cores
