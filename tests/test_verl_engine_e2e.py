@@ -120,3 +120,7 @@ def test_autotune_run_with_the_verl_engine_completes_a_study(tmp_path):
     assert "probing with verl 0.9.1" in proc.stderr
     folder = next(tmp_path.glob("cpu-tiny-*"))
     assert (folder / "report.html").is_file() and (folder / "best_config.yaml").is_file()
+    # The export is the job verl ran: verl's default share (the probe sets none), not a rule sized on its peak
+    overrides = (folder / "verl_overrides.txt").read_text()
+    assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.5" in overrides
+    assert "Measured by verl itself (--engine verl)" in (folder / "report.md").read_text()

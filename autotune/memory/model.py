@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.config.knobs import ProbeConfig
+from autotune.formats.rollout import VERL_DEFAULT_UTILIZATION
 
 __all__ = [
     "PRIORS",
@@ -624,13 +625,17 @@ class MemoryModel:
         return max(training, self.generation_bytes(config))
 
     def generation_bytes(self, config: ProbeConfig) -> int:
-        """--engine verl with a share the config sets: vLLM's pool beside the training states that stay
-        resident while it generates. verl puts vLLM to sleep for the training phases (free_cache_engine,
-        on by default: vllm_async_server.py:853-862), so the pool and the training peak never meet. Without
-        a set share the export's rule sizes the pool to what training leaves: 0 here."""
-        share = config.gpu_memory_utilization
-        if self.rollout_card_bytes is None or share is None:
+        """--engine verl: vLLM's pool beside the training states that stay resident while it generates.
+        verl puts vLLM to sleep for the training phases (free_cache_engine, on by default:
+        vllm_async_server.py:853-862), so the pool and the training peak never meet. Without a set share the
+        verl probe runs with verl's default share, and so does the export of its study."""
+        if self.rollout_card_bytes is None:
             return 0
+        share = (
+            VERL_DEFAULT_UTILIZATION
+            if config.gpu_memory_utilization is None
+            else config.gpu_memory_utilization
+        )
         return int(self.minimum_bytes(config) + share * self.rollout_card_bytes)
 
     def relative_error(self, config: ProbeConfig, measured: int) -> float:

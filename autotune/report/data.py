@@ -43,6 +43,10 @@ __all__ = [
     "measured_block",
 ]
 
+PROBED_BY_VERL = (
+    "the rollout engine's settings are those verl ran with in the probe (--engine verl; verl's defaults "
+    "where the configuration sets none): its pool and speed are in the measured figures"
+)
 INT_COLUMNS = ("calibration_points", "duplicate_of", "dominates_oom_trial", "log_prob_micro_batch_size")
 
 
@@ -148,6 +152,10 @@ def engine_for(
     """The rollout engine beside the chosen config's training side: the card is the GPU the probe ran on
     (its total memory), else the budget (an emulated card); the resident memory is the measured peak (the
     highest of the config's measurements when given)."""
+    if plan.settings.get("engine") == "verl":  # exactly the engine the verl probe ran, sized by no rule
+        engine = rollout_engine(config, plan.gpus, plan.rollout_engine, None, None, plan.model_parameters)
+        notes = tuple(note for note in engine.notes if "no card was known" not in note)
+        return dataclasses.replace(engine, notes=(*notes, PROBED_BY_VERL))
     environment = (trial.user_attrs.get(Attr.RESULT) or {}).get("environment") or {}
     card = environment.get("gpu_memory_bytes") or budget.bytes
     peak = float(trial.values[1]) if peak is None else float(peak)

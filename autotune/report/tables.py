@@ -266,12 +266,20 @@ NOT_MEASURED = (
 )
 
 
+MEASURED_BY_VERL = (
+    "Measured by verl itself (--engine verl): python -m verl.trainer.main_ppo with this job for a few steps, "
+    "its rollout engine's pool and speed included."
+)
+
+
 def verl_lines(report: ReportData) -> list[str]:
     lines = [
         "Sizes in verl count prompts: data.train_batch_size = T/n, data.gen_batch_size = R/n, "
         "actor.ppo_mini_batch_size = m·g·W/n (verl multiplies it by rollout.n, splits it over the W GPUs "
         "and runs (M·n/W)/m = g micro-batches of m per GPU per optimizer step).",
-        NOT_MEASURED.format(rules=RULES),
+        MEASURED_BY_VERL
+        if report.plan.settings.get("engine") == "verl"
+        else NOT_MEASURED.format(rules=RULES),
     ]
     if report.verl is not None:
         lines += report.verl.notes

@@ -326,15 +326,13 @@ def check_engine_knobs(space: SearchSpace, engine: str) -> None:
 
 
 def rollout_card_bytes(engine: str, device: str, budget: Budget) -> float | None:
-    """--engine verl: the card vLLM's share is a fraction of (the GPU's memory; on CPU, where only a
-    stand-in verl runs, the budget); None for the built-in probe, which has no pool."""
-    if engine != "verl":
+    """--engine verl on CUDA: the card vLLM's share is a fraction of. None for the built-in probe (no pool)
+    and on CPU, where only a stand-in verl runs and nothing measures a pool (NVML is absent)."""
+    if engine != "verl" or device != "cuda":
         return None
-    if device == "cuda":
-        import torch
+    import torch
 
-        return float(torch.cuda.get_device_properties(0).total_memory)
-    return float(budget.bytes)
+    return float(torch.cuda.get_device_properties(0).total_memory)
 
 
 def check_offload(space: SearchSpace, device: str) -> None:

@@ -116,8 +116,10 @@ def run_verl_probe(
             verl_python=str(
                 Path(settings.verl_python).expanduser().absolute()
             ),  # not resolve(): a venv's link
-            card_bytes=float(watch.card_bytes or 0),
-            resident_bytes=0.0,
+            # No card, no resident figure: verl's own default share unless the configuration sets one, the
+            # same value the report exports for a study probed this way (report.data.engine_for)
+            card_bytes=0.0,
+            resident_bytes=None,
             visible_devices=settings.visible_devices,
         )
         write_dataset(run.train_path, run.prompts, config.max_prompt_length, _token_counter(settings))

@@ -84,7 +84,7 @@ def verl_run(
     run_dir: Path,
     verl_python: str,
     card_bytes: float,
-    resident_bytes: float,
+    resident_bytes: float | None,
     rollout_name: str = "vllm",
     model_parameters: int | None = None,
     visible_devices: str | None = None,
