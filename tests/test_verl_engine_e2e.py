@@ -56,6 +56,7 @@ def test_a_verl_probe_reads_the_steps_after_the_warm_up():
     assert result["environment"]["engine"] == "verl" and result["environment"]["steps_seen"] == 3
     assert result["samples_per_sec"] > 0 and set(result["phase_seconds"]) >= {"rollout", "scoring", "update"}
     assert result["peak_memory_source"] == "verl-allocator" and result["peak_memory_bytes"] > 0
+    assert result["environment"]["load"]["load_1m_start"] is not None  # the conditions, as the built-in's
 
 
 def test_an_oom_inside_ray_is_an_oom():

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from autotune.config.knobs import ProbeConfig
 from autotune.models.names import verl_model_path
+from autotune.probe.conditions import gpu_others, load_average
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.probe.verl import failures, metrics
 from autotune.probe.verl.command import VerlRun, verl_run
@@ -123,14 +124,21 @@ def run_verl_probe(
             visible_devices=settings.visible_devices,
         )
         write_dataset(run.train_path, run.prompts, config.max_prompt_length, _token_counter(settings))
+        # What others held of the slot's GPUs and the load before the run (other_cores needs the ranks' own
+        # CPU time, which verl's Ray workers do not report: None here)
+        load = {"other_cores": None, "cores": os.cpu_count(), "load_1m_start": load_average()}
+        gpus = gpu_others(settings.visible_devices) if settings.device == "cuda" else None
         started = time.monotonic()
         timed_out, code = _launch(run, run_dir, settings.timeout_seconds, cancel, watch.start())
         wall = time.monotonic() - started
+        load.update(load_1m_end=load_average(), **({"gpus": gpus} if gpus is not None else {}))
         device_peak = watch.stop()
         watch.settle()
         log_text = (run_dir / LOG_FILE).read_text(errors="replace")
         metrics_text = run.metrics_path.read_text(errors="replace") if run.metrics_path.exists() else None
-    return _result(config, settings, run, code, timed_out, wall, device_peak, log_text, metrics_text)
+    result = _result(config, settings, run, code, timed_out, wall, device_peak, log_text, metrics_text)
+    result.environment["load"] = load
+    return result
 
 
 def _model_path(model: str) -> str:
