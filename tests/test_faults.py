@@ -165,7 +165,7 @@ def _probe_ranks(tuner_pid: int) -> list[psutil.Process]:
 @pytest.mark.e2e
 def test_probe_killed_by_sigkill_is_crashed_and_the_run_goes_on(tmp_path):
     command = [sys.executable, "-m", "autotune", "run", "--space", "cpu-tiny", "--device", "cpu"]
-    command += ["--trials", "3", "--out", str(tmp_path), "--study", "killed-probe"]
+    command += ["--trials", "3", "--out", str(tmp_path), "--study", "killed-probe", "--gain-rounds", "0"]
     tuner = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 300

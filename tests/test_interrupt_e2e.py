@@ -87,24 +87,23 @@ def test_double_ctrl_c_on_the_hand_made_trial_then_resume(tmp_path):
     summary = json.loads(resumed.stdout)  # --json: stdout is the summary alone
     assert summary == json.loads((tmp_path / name / "summary.json").read_text())
     study = optuna.load_study(study_name=name, storage=storage)
-    (labelled,) = [
-        t for t in study.trials if t.user_attrs.get("status") == "ok" and t.user_attrs.get("seed_config")
-    ]
-    assert labelled.user_attrs["seed_config"] == LABEL and labelled.user_attrs["retry_of"] == 0
+    ok = [t for t in study.trials if t.user_attrs.get("status") == "ok"]
+    (retried,) = [t for t in ok if t.user_attrs.get("retry_of") == 0]
+    assert retried.user_attrs["seed_config"] == LABEL  # the label survived the second Ctrl-C
 
     winner = summary["recommended"]["trial"]
-    assert winner != labelled.number, "the slow corner won: the space no longer tests the gain"
-    (gain,) = summary["gain"]
-    assert gain["hand_made"] == LABEL and gain["trial"] == labelled.number and gain["back_to_back"]
     taken = study.user_attrs["back_to_back"][str(winner)]["measurements"]
-    mine, theirs = taken[str(winner)], taken[str(labelled.number)]
-    assert len(mine) == len(theirs) == 2  # in turn, twice each
-    ratio = (sum(m["samples_per_sec"] for m in mine) / 2) / (sum(m["samples_per_sec"] for m in theirs) / 2)
-    assert gain["ratio"] == pytest.approx(ratio, rel=1e-3)
+    compared = [g for g in summary["gain"] if g["trial"] != winner]
+    assert compared, summary["gain"]  # two hand-made configs: at least one is not the recommended one
     report = (tmp_path / name / "report.md").read_text()
-    assert (
-        f"{gain['ratio']:.2f}x the samples/s of the hand-made config '{LABEL}' (measured back to back"
-        in report
-    )
+    for gain in compared:
+        mine, theirs = taken[str(winner)], taken[str(gain["trial"])]
+        assert gain["back_to_back"] and len(mine) == len(theirs) == 2  # in turn, twice each
+        ratio = (sum(m["samples_per_sec"] for m in mine) / 2) / (
+            sum(m["samples_per_sec"] for m in theirs) / 2
+        )
+        assert gain["ratio"] == pytest.approx(ratio, rel=1e-3)
+        shown = f"{gain['ratio']:.2f}x the samples/s of the hand-made config '{gain['hand_made']}'"
+        assert f"{shown} (measured back to back" in report
     lines = log.read_text()
     assert "#0   interrupted" in lines and f"hand-made '{LABEL}'" in lines and "measuring the gain" in lines

@@ -138,6 +138,8 @@ def test_heartbeat_that_goes_quiet_fails_the_trial_and_queues_it_again(tmp_path)
 def test_run_parallel_2_records_twelve_trials_none_measured_twice(tmp_path):
     proc = run_cli(
         "run",
+        "--gain-rounds",  # the back-to-back gain has its own tests (test_interrupt_e2e, test_live_and_gain)
+        "0",
         "--model",
         "tiny-llama",
         "--space",

@@ -94,6 +94,8 @@ def test_three_autotune_workers_share_one_study(postgres_url, study_name, tmp_pa
     common = ["--study", study_name, "--storage", postgres_url]
     run = _autotune(
         "run",
+        "--gain-rounds",  # the back-to-back gain has its own tests (test_interrupt_e2e, test_live_and_gain)
+        "0",
         "--space",
         "cpu-tiny",
         "--device",

@@ -39,7 +39,7 @@ def fsdp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp")
     proc = run_cli(
         "run", "--space", str(FSDP_SPACE), "--trials", "2", "--device", "cpu", "--out", str(out),
-        "--study", "fsdp",
+        "--study", "fsdp", "--gain-rounds", "0",
         timeout=600,
     )  # fmt: skip
     return proc, out

@@ -23,6 +23,8 @@ def test_run_with_data_bounds_lengths_and_probes_its_prompts(tmp_path):
 
     proc = run_cli(
         "run",
+        "--gain-rounds",  # the back-to-back gain has its own tests (test_interrupt_e2e, test_live_and_gain)
+        "0",
         "--space",
         "cpu-tiny",
         "--trials",

@@ -173,6 +173,8 @@ def tuner_command(out: Path, name: str, trials: int) -> list[str]:
         "cpu-tiny",
         "--trials",
         str(trials),
+        "--gain-rounds",  # the back-to-back gain has its own tests (test_interrupt_e2e, test_live_and_gain)
+        "0",
         "--out",
         str(out),
         "--study",
