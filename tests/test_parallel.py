@@ -135,7 +135,7 @@ def test_heartbeat_that_goes_quiet_fails_the_trial_and_queues_it_again(tmp_path)
 
 
 @pytest.mark.e2e
-def test_run_parallel_2_records_twelve_trials_none_measured_twice(tmp_path):
+def test_run_parallel_2_records_eight_trials_none_measured_twice(tmp_path):
     proc = run_cli(
         "run",
         "--gain-rounds",  # the back-to-back gain has its own tests (test_interrupt_e2e, test_live_and_gain)
@@ -145,7 +145,7 @@ def test_run_parallel_2_records_twelve_trials_none_measured_twice(tmp_path):
         "--space",
         "cpu-tiny",
         "--trials",
-        "12",
+        "8",
         "--parallel",
         "2",
         "--device",
@@ -161,7 +161,7 @@ def test_run_parallel_2_records_twelve_trials_none_measured_twice(tmp_path):
         study_name="par", storage=make_storage(f"journal:{tmp_path / 'par' / 'study.journal'}")
     )
     trials = study.get_trials()
-    assert Counter(t.state.name for t in trials) == {"COMPLETE": 12}
+    assert Counter(t.state.name for t in trials) == {"COMPLETE": 8}
     measured = [
         json.dumps(t.user_attrs["config"], sort_keys=True)
         for t in trials

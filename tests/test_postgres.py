@@ -89,7 +89,7 @@ def _wait_for_plan(url: str, name: str, timeout: float = 300) -> None:
 @pytest.mark.e2e
 def test_three_autotune_workers_share_one_study(postgres_url, study_name, tmp_path):
     """`autotune run` plus two `autotune worker`s: every trial recorded once, none lost, the count exact."""
-    trials = 8
+    trials = 6  # enough for each of the three processes to record some (2 cores: probes are slow)
     password = sqlalchemy.engine.make_url(postgres_url).password
     common = ["--study", study_name, "--storage", postgres_url]
     run = _autotune(
