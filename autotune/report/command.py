@@ -15,6 +15,7 @@ from autotune.probe.launcher import run_probe
 from autotune.report.selection import select
 from autotune.report.write import study_plan, write_report
 from autotune.search import gain
+from autotune.search.live import reprobe_line
 from autotune.search.storage import default_storage_url
 from autotune.search.study import Budget, check_study_name, open_study
 from autotune.status import Attr, StudyAttr
@@ -83,7 +84,15 @@ def confirm_winner(
             f"{gain.ROUNDS} probes each, in turn ..."
         )
         comparison = gain.compare(
-            study, chosen, rivals, run_probe, settings, confirmed=True, on_result=_shower(console)
+            study,
+            chosen,
+            rivals,
+            run_probe,
+            settings,
+            confirmed=True,
+            on_result=lambda trial, result, number=chosen.number: console.print(
+                reprobe_line(trial, result, number), markup=False, highlight=False
+            ),
         )
         if comparison is None:
             break
@@ -103,17 +112,6 @@ def confirm_winner(
         )
         excluded.append(chosen.number)
     return excluded
-
-
-def _shower(console: Console):
-    def show(trial, result) -> None:
-        label = trial.user_attrs.get(Attr.SEED_CONFIG)
-        console.print(
-            f"  #{trial.number}{f' (hand-made {label!r})' if label else ''}: {result.status} "
-            f"{result.samples_per_sec:.3f} samples/s, {result.peak_memory_bytes / GIB:.3f} GiB"
-        )
-
-    return show
 
 
 def report_study(options: ReportOptions, console: Console | None = None) -> int:

@@ -27,7 +27,7 @@ from autotune.probe.conditions import disturbance, worst_disturbance
 from autotune.report.selection import Selection, select
 from autotune.search import gain, pick
 from autotune.search.plan import StudyPlan
-from autotune.search.study import Budget, memory_model_error, trial_config, trial_status
+from autotune.search.study import Budget, memory_model_error, trial_config, trial_environment, trial_status
 from autotune.status import LAUNCHED, Attr, Status, StudyAttr
 from autotune.units import GIB, gib
 
@@ -156,8 +156,7 @@ def engine_for(
         engine = rollout_engine(config, plan.gpus, plan.rollout_engine, None, None, plan.model_parameters)
         notes = tuple(note for note in engine.notes if "no card was known" not in note)
         return dataclasses.replace(engine, notes=(*notes, PROBED_BY_VERL))
-    environment = (trial.user_attrs.get(Attr.RESULT) or {}).get("environment") or {}
-    card = environment.get("gpu_memory_bytes") or budget.bytes
+    card = trial_environment(trial).get("gpu_memory_bytes") or budget.bytes
     peak = float(trial.values[1]) if peak is None else float(peak)
     return rollout_engine(config, plan.gpus, plan.rollout_engine, card, peak, plan.model_parameters)
 
@@ -179,7 +178,7 @@ def measured_block(
     tokens = result.get("tokens_per_sec")
     if tokens and trial.values[0]:
         tokens = tokens * speed / trial.values[0]  # the same tokens per sample
-    busy = disturbance(result.get("environment") or {})
+    busy = disturbance(trial_environment(trial))
     return {
         "samples_per_sec": round(speed, 4),
         "tokens_per_sec": round(tokens, 2) if tokens else tokens,
@@ -189,7 +188,7 @@ def measured_block(
         "peak_memory_gib": round(peak / GIB, 4),
         "peak_memory_bytes": int(peak),
         "peak_memory_source": result.get("peak_memory_source"),
-        "gpu": (result.get("environment") or {}).get("gpu"),
+        "gpu": trial_environment(trial).get("gpu"),
         "device": result.get("device"),
         "gpus": gpus,
         "budget_gib": round(budget.bytes / GIB, 4),
@@ -316,19 +315,15 @@ def seed_gains(
             )
             continue
         ratio = chosen.values[0] / trial.values[0] if chosen is not None and ok else None
-        worst = worst_disturbance([_environment(t) for t in (trial, chosen) if t])
+        worst = worst_disturbance([trial_environment(t) for t in (trial, chosen) if t])
         busy = [worst] if worst else []
         gains.append(Gain(str(name), trial, ratio, seed_speed=trial.values[0], conditions=busy))
     return gains
 
 
-def _environment(trial: FrozenTrial) -> dict[str, Any]:
-    return (trial.user_attrs.get(Attr.RESULT) or {}).get("environment") or {}
-
-
 def disturbed(trials: list[FrozenTrial]) -> list[tuple[FrozenTrial, str]]:
     """Probes that ran while other work took enough of the machine to slow them."""
-    found = [(t, disturbance(_environment(t))) for t in trials if trial_status(t) in LAUNCHED]
+    found = [(t, disturbance(trial_environment(t))) for t in trials if trial_status(t) in LAUNCHED]
     return [(trial, text) for trial, text in found if text]
 
 

@@ -15,7 +15,7 @@ from autotune.models.names import verl_model_path
 from autotune.probe.conditions import worst_disturbance
 from autotune.search import pick
 from autotune.search.live import SHORT_NAMES
-from autotune.search.study import describe_budget, trial_config, trial_status
+from autotune.search.study import describe_budget, trial_config, trial_environment, trial_status
 from autotune.status import Attr, Status
 from autotune.units import GIB
 
@@ -393,16 +393,12 @@ def conditions_lines(report: ReportData) -> list[str]:
     if not report.disturbed:
         return []
     numbers = ", ".join(f"#{trial.number}" for trial, _ in report.disturbed)
-    worst = worst_disturbance([environment_of(trial) for trial, _ in report.disturbed])
+    worst = worst_disturbance([trial_environment(trial) for trial, _ in report.disturbed])
     return [
         f"Warning: probes {numbers} ran while other work used the machine ({worst}): their samples/s "
         f"understate their configurations (the trial table says how much each saw); re-run on a quiet "
         f"machine, or `autotune report --confirm` to measure the pick and the hand-made configs again."
     ]
-
-
-def environment_of(trial: FrozenTrial) -> dict:
-    return (trial.user_attrs.get(Attr.RESULT) or {}).get("environment") or {}
 
 
 def near_miss_table(report: ReportData) -> Table:

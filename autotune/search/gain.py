@@ -24,8 +24,8 @@ from optuna.trial import FrozenTrial
 from autotune.probe.conditions import worst_disturbance
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.search import pick
-from autotune.search.study import Budget, config_key, measured_ok, trial_config
-from autotune.status import Attr, Status, StudyAttr
+from autotune.search.study import config_key, measured_ok, trial_config
+from autotune.status import Attr, StudyAttr
 
 __all__ = [
     "ROUNDS",
@@ -65,9 +65,7 @@ class Comparison:
     taken: str
 
     def speeds(self, number: int) -> list[float]:
-        return [
-            m["samples_per_sec"] if m["status"] == Status.OK else 0.0 for m in self.measurements[str(number)]
-        ]
+        return [pick.reprobe_speed(m) for m in self.measurements[str(number)]]
 
     def peaks(self, number: int) -> list[int]:
         return [int(m["peak_memory_bytes"]) for m in self.measurements[str(number)]]
@@ -133,13 +131,8 @@ def compare(
 
 
 def _measurement(result: ProbeResult) -> dict[str, Any]:
-    return {
-        "status": result.status,
-        "samples_per_sec": result.samples_per_sec,
-        "peak_memory_bytes": result.peak_memory_bytes,
-        "wall_seconds": result.wall_seconds,
-        "environment": {"load": result.environment.get("load") or {}},
-    }
+    """The pick's re-probe record, with the conditions the comparison reports."""
+    return {**pick.reprobe_record(result), "environment": {"load": result.environment.get("load") or {}}}
 
 
 def _keep(
@@ -173,9 +166,6 @@ class Headline:
     measurements: int
     basis: str  # in words: "6-iteration confirmation, 2 probes", "mean of 3 probes", "one probe"
     comparison: Comparison | None
-
-    def within(self, budget: Budget) -> bool:
-        return self.peak_bytes <= budget.limit
 
 
 def headline(study: optuna.Study, winner: FrozenTrial) -> Headline:

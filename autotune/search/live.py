@@ -16,11 +16,21 @@ from rich.text import Text
 
 from autotune.config.knobs import ProbeConfig
 from autotune.probe.conditions import disturbance
-from autotune.search.study import trial_config, trial_status
+from autotune.probe.contract import ProbeResult
+from autotune.search.study import trial_config, trial_environment, trial_status
 from autotune.status import Attr, Status
 from autotune.units import GIB
 
-__all__ = ["LEGEND", "RUN_LOG", "Narrator", "eta_text", "probing_text", "short_config", "trial_line"]
+__all__ = [
+    "LEGEND",
+    "RUN_LOG",
+    "Narrator",
+    "eta_text",
+    "probing_text",
+    "reprobe_line",
+    "short_config",
+    "trial_line",
+]
 
 RUN_LOG = "run.log"
 # The short form of a configuration in trial lines and the report's tables; explained once per run.
@@ -60,7 +70,7 @@ def short_config(config: ProbeConfig, searched_recipe: Sequence[str] = ()) -> st
     return " ".join(parts)
 
 
-def trial_line(trial: FrozenTrial, searched_recipe: Sequence[str] = (), cores: int | None = None) -> str:
+def trial_line(trial: FrozenTrial, searched_recipe: Sequence[str] = ()) -> str:
     """`#7 ok  R32 m4 ...  4.52 samples/s  0.622 GiB (predicted 0.600)  41 s` and what else matters."""
     status, attrs = trial_status(trial), trial.user_attrs
     config = trial_config(trial)
@@ -79,12 +89,25 @@ def trial_line(trial: FrozenTrial, searched_recipe: Sequence[str] = (), cores: i
         parts.append(f"= #{attrs[Attr.DUPLICATE_OF]}")
     if attrs.get(Attr.SEED_CONFIG):
         parts.append(f"hand-made '{attrs[Attr.SEED_CONFIG]}'")
-    busy = disturbance(result.get("environment") or {}, cores)
+    busy = disturbance(trial_environment(trial))
     if busy:
         parts.append(f"[{busy}]")
     if status not in (Status.OK,) and result.get("message"):
         parts.append(f"- {str(result['message']).splitlines()[0][:120]}")
     return "  ".join(parts)
+
+
+def reprobe_line(trial: FrozenTrial, result: ProbeResult, recommended: int | None = None) -> str:
+    """`  #5 (recommended): ok 8.430 samples/s, 0.592 GiB [other work ...]`: one probe of the back-to-back
+    gain or of a confirmation, named as the recommended or a hand-made config."""
+    label = trial.user_attrs.get(Attr.SEED_CONFIG)
+    who = "recommended" if trial.number == recommended else f"hand-made '{label}'" if label else ""
+    busy = disturbance(result.environment)
+    named = f" ({who})" if who else ""
+    return (
+        f"  #{trial.number}{named}: {result.status} {result.samples_per_sec:.3f} samples/s, "
+        f"{result.peak_memory_bytes / GIB:.3f} GiB" + (f" [{busy}]" if busy else "")
+    )
 
 
 def probing_text(running: dict[int, tuple[ProbeConfig, float]], searched_recipe: Sequence[str] = ()) -> str:

@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from autotune.probe.conditions import disturbance
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report.selection import best_feasible
 from autotune.search import gain, pick
 from autotune.search.coordination import SWEEP_SECONDS, recover_stale_trials
-from autotune.search.live import Narrator, eta_text, probing_text, short_config, trial_line
+from autotune.search.live import Narrator, eta_text, probing_text, reprobe_line, short_config, trial_line
 from autotune.search.slots import Slot, oversubscribed
 from autotune.search.study import finished_trials, status_counts, trial_status
 from autotune.search.tuner import Tuner
@@ -104,14 +103,15 @@ class LiveView:
         else:
             self.narrator.say(line, markup=False)
 
-    def eta(self, tuner: Tuner, finished: list) -> str:
+    def eta(self, finished: list) -> str:
         walls = [float((t.user_attrs.get(Attr.RESULT) or {}).get("wall_seconds") or 0.0) for t in finished]
         elapsed = time.monotonic() - self.started
         done_now = len(finished) - self.done_at_start
         return eta_text(done_now, self.trials - len(finished), elapsed, [w for w in walls if w], self.slots)
 
 
-def progress_line(tuner: Tuner, view: LiveView | None = None) -> str:
+def progress_line(tuner: Tuner, view: LiveView | None = None, finished: list | None = None) -> str:
+    """The status line; `finished`: the study's finished trials when the caller has just read them."""
     counts = status_counts(tuner.study)
     shown = " ".join(f"{status}={count}" for status, count in sorted(counts.items()))
     best = best_feasible(tuner.study, tuner.budget)
@@ -124,7 +124,7 @@ def progress_line(tuner: Tuner, view: LiveView | None = None) -> str:
     if view is not None:
         parts += [
             probing_text(dict(tuner.active), view.searched_recipe),
-            view.eta(tuner, finished_trials(tuner.study)),
+            view.eta(finished if finished is not None else finished_trials(tuner.study)),
         ]
     return " | ".join(part for part in parts if part)
 
@@ -253,8 +253,9 @@ def tune(
             for thread in threads:
                 thread.join(timeout=0.5 / len(threads))
             with contextlib.suppress(Exception):  # a storage outage: the slots report it
+                finished = finished_trials(tuner.study)  # read once per refresh, for the bar and the ETA
                 progress.update(
-                    task, completed=len(finished_trials(tuner.study)), description=progress_line(tuner, view)
+                    task, completed=len(finished), description=progress_line(tuner, view, finished)
                 )
     if loop.error is not None:
         raise loop.error
@@ -377,13 +378,7 @@ def settle_gain(
     )
 
     def show(trial, result: ProbeResult) -> None:
-        label = trial.user_attrs.get(Attr.SEED_CONFIG)
-        who = f"hand-made '{label}'" if label and trial.number != winner.number else "recommended"
-        busy = disturbance(result.environment)
-        say(
-            f"  #{trial.number} ({who}): {result.status} {result.samples_per_sec:.3f} samples/s, "
-            f"{result.peak_memory_bytes / GIB:.3f} GiB" + (f" [{busy}]" if busy else "")
-        )
+        say(reprobe_line(trial, result, winner.number))
 
     with StopControl(narrator.console) as control:
         try:

@@ -39,6 +39,8 @@ __all__ = [
     "contenders",
     "figures",
     "remeasure",
+    "reprobe_record",
+    "reprobe_speed",
     "trial_config_of",
 ]
 
@@ -99,13 +101,14 @@ def remeasure(
                 return count
             spent += result.wall_seconds or cost
             count += 1
-            kept.setdefault(str(trial.number), []).append(_kept(result))
+            kept.setdefault(str(trial.number), []).append(reprobe_record(result))
             study.set_user_attr(StudyAttr.REMEASURED, kept)
             on_result(trial, result)
     return count
 
 
-def _kept(result: ProbeResult) -> dict[str, Any]:
+def reprobe_record(result: ProbeResult) -> dict[str, Any]:
+    """What the study keeps of a re-probe (here and in the back-to-back gain, autotune.search.gain)."""
     return {
         "status": result.status,
         "samples_per_sec": result.samples_per_sec,
@@ -140,9 +143,14 @@ def figures(study: optuna.Study, trial: FrozenTrial) -> Figures:
     at the budget)."""
     speeds, peaks = [trial.values[0]], [int(trial.values[1])]
     for again in study.user_attrs.get(StudyAttr.REMEASURED, {}).get(str(trial.number), []):
-        speeds.append(again["samples_per_sec"] if again["status"] == Status.OK else 0.0)
+        speeds.append(reprobe_speed(again))
         peaks.append(int(again["peak_memory_bytes"]))
     return Figures(speeds, peaks)
+
+
+def reprobe_speed(record: dict[str, Any]) -> float:
+    """A kept re-probe's samples/sec: 0 when it did not run ok (an OOM or a failure counts against it)."""
+    return record["samples_per_sec"] if record["status"] == Status.OK else 0.0
 
 
 def choose(study: optuna.Study, budget: Budget) -> FrozenTrial | None:

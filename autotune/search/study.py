@@ -11,6 +11,7 @@ import re
 import statistics
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -38,6 +39,7 @@ __all__ = [
     "open_study",
     "status_counts",
     "trial_config",
+    "trial_environment",
     "trial_status",
 ]
 
@@ -135,6 +137,11 @@ def finished_trials(study: optuna.Study) -> list[FrozenTrial]:
 def trial_config(trial: FrozenTrial) -> ProbeConfig | None:
     raw = trial.user_attrs.get(Attr.CONFIG)
     return ProbeConfig(**raw) if raw else None
+
+
+def trial_environment(trial: FrozenTrial) -> dict[str, Any]:
+    """What the trial's probe recorded of its machine (versions, GPU, the load: probe.conditions)."""
+    return (trial.user_attrs.get(Attr.RESULT) or {}).get("environment") or {}
 
 
 def config_key(config: ProbeConfig) -> str:
