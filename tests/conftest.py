@@ -3,8 +3,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,16 @@ def run_cli(*args: str, timeout: float = 600, env: dict | None = None) -> subpro
         env=full_env,
         cwd=REPO,
     )
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, every: float = 0.5) -> bool:
+    """Poll `predicate` until it holds (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every)
+    return False
 
 
 def probe_json(*args: str, timeout: float = 600) -> tuple[int, dict]:

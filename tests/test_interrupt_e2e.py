@@ -13,7 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_for
 
 pytestmark = pytest.mark.e2e
 SPACE = REPO / "tests" / "data" / "gain_space.yaml"
@@ -40,23 +40,16 @@ def _command(out: Path, name: str, *extra: str) -> list[str]:
     ]
 
 
-def _wait_for(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def _interrupt_the_first_probe(command: list[str], log: Path, out: Path) -> tuple[int, str]:
     """Start the run, press Ctrl-C twice once the hand-made trial is being probed; (exit code, stdout)."""
     stdout_path = out / "first.out"
     with stdout_path.open("w") as stdout, (out / "first.err").open("w") as stderr:
         tuner = subprocess.Popen(command, cwd=REPO, stdout=stdout, stderr=stderr, text=True)
         try:
-            probing = _wait_for(
-                lambda: (log.exists() and "#0   probing" in log.read_text()) or tuner.poll() is not None, 300
+            probing = wait_for(
+                lambda: (log.exists() and "#0   probing" in log.read_text()) or tuner.poll() is not None,
+                300,
+                every=0.05,  # the probe it interrupts lasts seconds
             )
             assert probing and tuner.poll() is None, (out / "first.err").read_text()[-3000:]
             tuner.send_signal(signal.SIGINT)

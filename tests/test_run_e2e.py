@@ -17,7 +17,7 @@ import yaml
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.rules import config_findings
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, wait_for
 
 pytestmark = pytest.mark.e2e
 PRUNED = {"oom", "predicted_oom", "inferred_oom"}
@@ -147,15 +147,6 @@ def test_optunas_own_cli_reads_the_study(twelve_trials):
     assert proc.stdout.count('"number"') == 12
 
 
-def _wait_for(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
-
-
 def _states(out: Path, name: str) -> list[str]:
     try:
         return [t.state.name for t in load(out, name).trials]
@@ -190,7 +181,7 @@ def test_sigkill_mid_run_then_resume(tmp_path):
     tuner = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # wait until one trial is complete and the next is being probed
-        assert _wait_for(
+        assert wait_for(
             lambda: _states(tmp_path, name).count("COMPLETE") >= 1 and "RUNNING" in _states(tmp_path, name),
             300,
         )
@@ -249,7 +240,11 @@ def test_ctrl_c_or_sigterm_finishes_the_running_probe_then_stops_with_the_report
     with out.open("w") as stdout_file, err.open("w") as stderr_file:
         tuner = subprocess.Popen(command, cwd=REPO, stdout=stdout_file, stderr=stderr_file, text=True)
         try:
-            started = _wait_for(lambda: "RUNNING" in _states(tmp_path, name) or tuner.poll() is not None, 300)
+            # run.log, not the study: reading an SQLite study while the tuner creates it races its setup
+            log = tmp_path / name / "run.log"
+            started = wait_for(
+                lambda: (log.exists() and "#0   probing" in log.read_text()) or tuner.poll() is not None, 300
+            )
             assert started and tuner.poll() is None, (tuner.poll(), out.read_text(), err.read_text()[-3000:])
             tuner.send_signal(signum)
             tuner.wait(timeout=300)

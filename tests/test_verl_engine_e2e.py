@@ -7,28 +7,20 @@ bench/verl_check.py's job."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.e2e
 STAND_IN = REPO / "tests" / "fake_verl"
 
 
 def autotune(*args: str, script: str = "", timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(STAND_IN), "AUTOTUNE_FAKE_VERL": script}
-    return subprocess.run(
-        [sys.executable, "-m", "autotune", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """The real command line with the stand-in verl importable (and its script, if any)."""
+    return run_cli(*args, timeout=timeout, env={"PYTHONPATH": str(STAND_IN), "AUTOTUNE_FAKE_VERL": script})
 
 
 def probe(*args: str, script: str = "") -> tuple[int, dict]:
