@@ -2,11 +2,17 @@
 
 __all__ = ["Unavailable", "UserError"]
 
+# Control characters a user typed (`--set sharding=$'0\n0'`) are shown escaped, so a message stays one line.
+_ESCAPED = {code: ascii(chr(code))[1:-1] for code in [*range(0x20), 0x7F]}
+
 
 class UserError(Exception):
     """Bad input: what is wrong, the value, and how to fix it — in one line."""
 
     exit_code = 2
+
+    def __str__(self) -> str:
+        return super().__str__().translate(_ESCAPED)
 
 
 class Unavailable(UserError):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from autotune.check import CheckOptions, check
@@ -95,6 +95,7 @@ def test_a_time_budget_is_a_positive_duration_of_at_most_a_month_or_one_line(tex
 
 @BOUNDED
 @given(key=st.sampled_from(KNOB_NAMES), text=NUMBERS, gpus=st.integers(1, 8))
+@example(key="sharding", text="0\n0", gpus=1)  # a newline in a value once broke the message into two lines
 def test_a_set_knob_gives_a_valid_config_or_one_line(key, text, gpus):
     try:
         config = ProbeConfig(**parse_sets([f"{key}={text}"]))
