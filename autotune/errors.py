@@ -1,18 +1,21 @@
 """Errors a user can fix: the CLI prints them as one line and exits with code 2."""
 
-__all__ = ["Unavailable", "UserError"]
+__all__ = ["Unavailable", "UserError", "single_line"]
 
-# Control characters a user typed (`--set sharding=$'0\n0'`) are shown escaped, so a message stays one line.
+# Control characters a user typed (`--set sharding=$'0\n0'`) are shown escaped: a problem stays one line.
 _ESCAPED = {code: ascii(chr(code))[1:-1] for code in [*range(0x20), 0x7F]}
 
 
+def single_line(text: str) -> str:
+    """`text` with its control characters (newlines, tabs, escapes) written as Python escapes."""
+    return text.translate(_ESCAPED)
+
+
 class UserError(Exception):
-    """Bad input: what is wrong, the value, and how to fix it — in one line."""
+    """Bad input: what is wrong, the value, and how to fix it — in one line (a search space's mistakes: one
+    line each)."""
 
     exit_code = 2
-
-    def __str__(self) -> str:
-        return super().__str__().translate(_ESCAPED)
 
 
 class Unavailable(UserError):

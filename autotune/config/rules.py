@@ -42,7 +42,7 @@ from autotune.config.knobs import (
     train_batch_fixes,
 )
 from autotune.config.numbers import MAX_INT, MAX_RANKS, number_problem
-from autotune.errors import UserError
+from autotune.errors import UserError, single_line
 from autotune.units import divisors, round_up
 
 __all__ = [
@@ -86,7 +86,7 @@ class Finding:
     @property
     def line(self) -> str:
         """The finding as one line: the problem, then the fix."""
-        return self.problem + (f"; fix: {self.fix}" if self.fix else "")
+        return single_line(self.problem + (f"; fix: {self.fix}" if self.fix else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

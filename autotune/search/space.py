@@ -113,7 +113,7 @@ import yaml
 from autotune.config.knobs import ALGORITHMS, MAX_KL_COEF, SHARDINGS, ProbeConfig, physical_cores
 from autotune.config.numbers import MAX_GIB, MAX_RANKS, MAX_SECONDS, is_int
 from autotune.config.schema import MISSING, Checker, show
-from autotune.errors import UserError
+from autotune.errors import UserError, single_line
 from autotune.units import divisors
 
 __all__ = [
@@ -237,7 +237,7 @@ class SpaceError(UserError):
     """A search space with mistakes: `errors` holds one line per mistake, `<file>: <key>=<value>: <rule>`."""
 
     def __init__(self, errors: list[str]):
-        self.errors = list(errors)
+        self.errors = [single_line(error) for error in errors]
         super().__init__("\n".join(self.errors))
 
 
