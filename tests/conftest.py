@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# cpu-tiny's shape at a quarter of its work (probes of about 3 s): for e2e runs that need a few real probes
+QUICK_SPACE = str(REPO / "tests" / "data" / "quick_space.yaml")
 ISSUE_EXAMPLE = [
     "--set",
     "train_batch_size=16",

@@ -31,7 +31,7 @@ from autotune.search.plan import StudyPlan
 from autotune.search.space import sample_config
 from autotune.search.storage import retrying
 from autotune.search.study import finished_trials, open_study, trial_status
-from tests.conftest import REPO, run_cli
+from tests.conftest import QUICK_SPACE, REPO, run_cli
 from tests.test_study import BUDGET, FakeProbe, make_tuner
 
 FAKES = Path(__file__).parent / "fake_runners"
@@ -164,7 +164,7 @@ def _probe_ranks(tuner_pid: int) -> list[psutil.Process]:
 
 @pytest.mark.e2e
 def test_probe_killed_by_sigkill_is_crashed_and_the_run_goes_on(tmp_path):
-    command = [sys.executable, "-m", "autotune", "run", "--space", "cpu-tiny", "--device", "cpu"]
+    command = [sys.executable, "-m", "autotune", "run", "--space", QUICK_SPACE, "--device", "cpu"]
     command += ["--trials", "3", "--out", str(tmp_path), "--study", "killed-probe", "--gain-rounds", "0"]
     tuner = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

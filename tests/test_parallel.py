@@ -18,7 +18,7 @@ from autotune.search.slots import oversubscribed, plan_slots, visible_gpus
 from autotune.search.space import config_to_params
 from autotune.search.storage import check_parallel_safe, default_storage_url, journal_path, make_storage
 from autotune.search.study import finished_trials
-from tests.conftest import run_cli
+from tests.conftest import QUICK_SPACE, run_cli
 from tests.test_study import FakeProbe, make_tuner
 
 
@@ -143,7 +143,7 @@ def test_run_parallel_2_records_eight_trials_none_measured_twice(tmp_path):
         "--model",
         "tiny-llama",
         "--space",
-        "cpu-tiny",
+        QUICK_SPACE,
         "--trials",
         "8",
         "--parallel",

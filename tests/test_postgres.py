@@ -13,7 +13,7 @@ import optuna
 import pytest
 import sqlalchemy
 
-from tests.conftest import REPO
+from tests.conftest import QUICK_SPACE, REPO
 
 pytestmark = pytest.mark.e2e  # starts processes
 
@@ -89,7 +89,7 @@ def _wait_for_plan(url: str, name: str, timeout: float = 300) -> None:
 @pytest.mark.e2e
 def test_three_autotune_workers_share_one_study(postgres_url, study_name, tmp_path):
     """`autotune run` plus two `autotune worker`s: every trial recorded once, none lost, the count exact."""
-    trials = 6  # enough for each of the three processes to record some (2 cores: probes are slow)
+    trials = 8  # enough for each of the three processes to record some
     password = sqlalchemy.engine.make_url(postgres_url).password
     common = ["--study", study_name, "--storage", postgres_url]
     run = _autotune(
@@ -97,7 +97,7 @@ def test_three_autotune_workers_share_one_study(postgres_url, study_name, tmp_pa
         "--gain-rounds",  # the back-to-back gain has its own tests (test_interrupt_e2e, test_live_and_gain)
         "0",
         "--space",
-        "cpu-tiny",
+        QUICK_SPACE,
         "--device",
         "cpu",
         "--trials",

@@ -1,4 +1,5 @@
-"""`autotune run` through the real CLI on the cpu-tiny space: statuses, resume after SIGKILL, Optuna's CLI."""
+"""`autotune run` through the real CLI on the quick test space (cpu-tiny's shape, probes of about 3 s):
+statuses, resume after SIGKILL, Optuna's CLI."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import yaml
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.rules import config_findings
-from tests.conftest import REPO, run_cli, wait_for
+from tests.conftest import QUICK_SPACE, REPO, run_cli, wait_for
 
 pytestmark = pytest.mark.e2e
 PRUNED = {"oom", "predicted_oom", "inferred_oom"}
@@ -29,8 +30,8 @@ def load(out: Path, name: str) -> optuna.Study:
 
 def default_name(out: Path) -> str:
     """The study `run` named by default: space, model, GPUs and the fingerprint of what it measures."""
-    (folder,) = out.glob("cpu-tiny-tiny-llama-1gpu-*")
-    assert re.fullmatch(r"cpu-tiny-tiny-llama-1gpu-[0-9a-f]{8}", folder.name), folder.name
+    (folder,) = out.glob("quick_space-tiny-llama-1gpu-*")
+    assert re.fullmatch(r"quick_space-tiny-llama-1gpu-[0-9a-f]{8}", folder.name), folder.name
     return folder.name
 
 
@@ -45,7 +46,7 @@ def twelve_trials(tmp_path_factory):
         "--gpus",
         "1",
         "--space",
-        "cpu-tiny",
+        QUICK_SPACE,
         "--trials",
         "12",
         "--out",
@@ -161,7 +162,7 @@ def tuner_command(out: Path, name: str, trials: int) -> list[str]:
         "autotune",
         "run",
         "--space",
-        "cpu-tiny",
+        QUICK_SPACE,
         "--trials",
         str(trials),
         "--gain-rounds",  # the back-to-back gain has its own tests (test_interrupt_e2e, test_live_and_gain)
