@@ -39,7 +39,7 @@ from autotune.config.knobs import ProbeConfig
 from autotune.config.rules import (
     Finding,
     config_findings,
-    position_findings,
+    model_findings,
     problems,
     value_findings,
     worker_findings,
@@ -491,7 +491,7 @@ def _model_checks(
         )
         return [*findings, Finding("memory", note, severity="note")], None
     spec = resolve_model(name)
-    findings += position_findings(config, spec)
+    findings += model_findings(config, spec, getattr(target.engine, "tensor_model_parallel_size", None))
     reward = registry_name(target.reward_model)
     if target.reward_model and reward is None:
         note = f"reward model {target.reward_model!r} is not one autotune knows: its memory is not counted"

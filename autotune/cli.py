@@ -476,8 +476,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     from autotune.config.rules import (
         config_findings,
         engine_findings,
+        model_findings,
         offload_findings,
-        position_findings,
         raise_for,
     )
     from autotune.models.registry import resolve_model, resolve_reward_model
@@ -493,7 +493,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     raise_for(offload_findings(config, device))
     spec = resolve_model(args.model, args.weights, args.trust_remote_code)
     resolve_reward_model(args.reward_model)
-    raise_for(position_findings(config, spec))
+    raise_for(model_findings(config, spec))
     if args.engine == "verl":
         from autotune.probe.verl.install import check_verl_python
 

@@ -255,3 +255,70 @@ def test_dynamic_batches_grow_the_training_side_with_the_budget():
     assert not at_least_as_large(dataclasses.replace(large, gpu_memory_utilization=0.5), large)  # rule vs set
     low = dataclasses.replace(BASE, gpu_memory_utilization=0.3)
     assert at_least_as_large(dataclasses.replace(low, gpu_memory_utilization=0.6), low)
+
+
+# --- the model's attention heads: vLLM splits them over the tensor-parallel ranks ---------------------------
+
+
+def qwen_7b():
+    from autotune.models.registry import resolve_model
+
+    return resolve_model("qwen2.5-7b", "random", False)  # 28 attention heads
+
+
+def test_a_tensor_parallel_size_that_does_not_split_the_heads_is_one_finding():
+    from autotune.config.rules import head_findings, model_findings
+
+    (finding,) = head_findings(8, qwen_7b())
+    assert "28 attention heads" in finding.line and "1, 2, 4, 7, 14, 28" in finding.line
+    assert head_findings(4, qwen_7b()) == [] and head_findings(None, qwen_7b()) == []
+    on_8 = dataclasses.replace(BASE, tensor_model_parallel_size=8)
+    assert [f.key for f in config_findings(on_8, 8, cores=8, model_spec=qwen_7b())] == [
+        "tensor_model_parallel_size"
+    ]
+    assert model_findings(BASE, qwen_7b(), tensor_parallel=8)  # a file's rollout engine counts too
+
+
+def test_the_export_rule_picks_a_size_that_splits_the_heads():
+    """A 7B model whose weights need every one of 8 cards: 8 does not divide 28 heads, so 4, with a note."""
+    params = 7_000_000_000
+    alone = rollout_engine(BASE, 8, "vllm", 24 * GIB, 20 * GIB, params)
+    assert alone.tensor_model_parallel_size == 8
+    split = rollout_engine(BASE, 8, "vllm", 24 * GIB, 20 * GIB, params, attention_heads=28)
+    assert split.tensor_model_parallel_size == 4
+    assert any("divides the 28 attention heads" in note for note in split.notes)
+    roomy = rollout_engine(BASE, 8, "vllm", 80 * GIB, 10 * GIB, params, attention_heads=28)
+    assert roomy.tensor_model_parallel_size == 1 and roomy.notes == ()
+
+
+def test_a_space_searches_only_the_sizes_that_split_the_heads():
+    from rich.console import Console
+
+    from autotune.search.prepare import tensor_parallel_for_heads
+
+    def on_8(knob):
+        data = copy.deepcopy(dict(space().raw))
+        data.update(gpus=8, model="qwen2.5-7b")
+        data["knobs"]["tensor_model_parallel_size"] = knob
+        return space_from_dict(data, source="verl.yaml", cores=4)
+
+    console = Console(record=True, width=200)
+    narrowed = tensor_parallel_for_heads(on_8({"min": 1, "max": 8}), qwen_7b(), console)
+    assert narrowed.knob("tensor_model_parallel_size").values() == (1, 2, 4)
+    assert "tensor_model_parallel_size 8 left out" in console.export_text()
+    kept = on_8({"min": 1, "max": 4})
+    assert tensor_parallel_for_heads(kept, qwen_7b(), console) is kept
+    with pytest.raises(UserError) as caught:
+        tensor_parallel_for_heads(on_8(8), qwen_7b(), console)
+    assert "28 attention heads" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_check_refuses_an_override_file_whose_rollout_cannot_split_the_heads(tmp_path: Path):
+    from autotune.check import CheckOptions, check
+
+    on_8 = dataclasses.replace(BASE, tensor_model_parallel_size=8)
+    engine = rollout_engine(on_8, 8, "vllm", 80 * GIB, 30 * GIB, 7_000_000_000)
+    path = tmp_path / "verl_overrides.txt"
+    path.write_text(format_overrides(verl_overrides(on_8, 8, engine=engine).values))
+    result = check(CheckOptions(path, gpus=8, model="qwen2.5-7b", cores=8))
+    assert any("28 attention heads" in f.line for f in result.problems), [f.line for f in result.findings]

@@ -50,7 +50,9 @@ __all__ = [
     "Finding",
     "config_findings",
     "engine_findings",
+    "head_findings",
     "make_config",
+    "model_findings",
     "position_findings",
     "problems",
     "raise_for",
@@ -118,8 +120,8 @@ def config_findings(
     device: str | None = None,
 ) -> list[Finding]:
     """Every rule `config` breaks on `world_size` GPUs; `cores` defaults to this machine's physical cores,
-    the position rule runs when `model_spec` (a registry ModelSpec) is given, the offload rule when `device`
-    is."""
+    the model's rules (positions, attention heads) run when `model_spec` (a ModelSpec) is given, the offload
+    rule when `device` is."""
     found = value_findings(config)
     if found:  # the divisibility rules below need positive sizes
         return found
@@ -130,7 +132,7 @@ def config_findings(
     found += _mini_batch_findings(config, world_size)
     found += worker_findings(config, cores)
     if model_spec is not None:
-        found += position_findings(config, model_spec)
+        found += model_findings(config, model_spec)
     return found
 
 
@@ -380,6 +382,28 @@ def worker_findings(c: ProbeConfig, cores: int | None = None) -> list[Finding]:
             value=c.num_rollout_workers,
         )
     ]
+
+
+def model_findings(c: ProbeConfig, model_spec: Any, tensor_parallel: int | None = None) -> list[Finding]:
+    """The rules the model sets: lengths within its positions, a rollout tensor-parallel size (the config's,
+    else `tensor_parallel`: a file's rollout engine) that splits its attention heads."""
+    tp = c.tensor_model_parallel_size or tensor_parallel
+    return position_findings(c, model_spec) + head_findings(tp, model_spec)
+
+
+def head_findings(tensor_parallel: int | None, model_spec: Any) -> list[Finding]:
+    """vLLM splits the attention heads over the tensor-parallel ranks and refuses to start when they do not
+    divide evenly (vllm/config/model.py, ModelConfig.verify_with_parallel_config: "Total number of attention
+    heads (28) must be divisible by tensor parallel size (8)")."""
+    heads = getattr(model_spec.config, "num_attention_heads", None)
+    if not tensor_parallel or not heads or heads % tensor_parallel == 0:
+        return []
+    problem = (
+        f"tensor_model_parallel_size={tensor_parallel} does not divide {model_spec.name}'s {heads} attention "
+        f"heads: vLLM splits the heads over the tensor-parallel ranks and refuses to start"
+    )
+    fix = f"tensor_model_parallel_size: a divisor of {heads} ({', '.join(map(str, divisors(heads)))})"
+    return [Finding("verl", problem, fix, key="tensor_model_parallel_size", value=tensor_parallel)]
 
 
 def position_findings(c: ProbeConfig, model_spec: Any) -> list[Finding]:

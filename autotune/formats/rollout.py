@@ -41,8 +41,9 @@ UTILIZATION_RANGE = (0.05, 0.9)
 VERL_DEFAULT_UTILIZATION = 0.5
 RULES = (
     "gpu_memory_utilization = (card - the training side's measured peak) × 0.9 / card, rounded down to 0.05; "
-    "tensor_model_parallel_size = the smallest divisor of the GPUs whose share of the bf16 weights fits half "
-    "of that pool; max_model_len = max_prompt_length + max_response_length"
+    "tensor_model_parallel_size = the smallest divisor of the GPUs (and of the model's attention heads, "
+    "which vLLM splits over it) whose share of the bf16 weights fits half of that pool; "
+    "max_model_len = max_prompt_length + max_response_length"
 )
 
 
@@ -63,6 +64,7 @@ def rollout_engine(
     card_bytes: float | None = None,
     resident_bytes: float | None = None,
     model_parameters: int | None = None,
+    attention_heads: int | None = None,
 ) -> RolloutEngine:
     """The rollout settings of the module docstring; without a card or a measurement, verl's default share.
     The configuration's own values of verl's knobs win over the rules."""
@@ -71,7 +73,7 @@ def rollout_engine(
         utilization, notes = _utilization_rule(card_bytes, resident_bytes)
     tp = config.tensor_model_parallel_size
     if tp is None:
-        tp, tp_notes = _tensor_parallel_rule(gpus, utilization, card_bytes, model_parameters)
+        tp, tp_notes = _tensor_parallel_rule(gpus, utilization, card_bytes, model_parameters, attention_heads)
         notes += tp_notes
     chosen = [
         f"{key}={value:g}"
@@ -104,19 +106,27 @@ def _utilization_rule(card_bytes: float | None, resident_bytes: float | None) ->
 
 
 def _tensor_parallel_rule(
-    gpus: int, utilization: float, card_bytes: float | None, model_parameters: int | None
+    gpus: int,
+    utilization: float,
+    card_bytes: float | None,
+    model_parameters: int | None,
+    attention_heads: int | None = None,
 ) -> tuple[int, list[str]]:
-    """The smallest divisor of the GPUs whose share of the bf16 weights fits half the pool."""
+    """The smallest divisor of the GPUs whose share of the bf16 weights fits half the pool, among those that
+    split the attention heads evenly (vLLM refuses any other; see config.rules.head_findings)."""
     if not model_parameters or not card_bytes:
         return 1, []
     pool = utilization * card_bytes
-    fitting = [d for d in divisors(gpus) if 2 * model_parameters / d <= pool / 2]
+    sizes = [d for d in divisors(gpus) if not attention_heads or attention_heads % d == 0]
+    fitting = [d for d in sizes if 2 * model_parameters / d <= pool / 2]
     if fitting:
         return fitting[0], []
-    return gpus, [
+    largest = sizes[-1]  # 1 divides everything: never empty
+    heads = f" (the largest that divides the {attention_heads} attention heads)" if largest < gpus else ""
+    return largest, [
         f"the bf16 weights ({2 * model_parameters / GIB:.1f} GiB) do not fit half the rollout pool "
-        f"even split over the {gpus} GPUs: tensor_model_parallel_size={gpus}, and the KV cache will "
-        f"be small"
+        f"even split over {largest} GPUs{heads}: tensor_model_parallel_size={largest}, and the KV cache "
+        f"will be small"
     ]
 
 

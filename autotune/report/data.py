@@ -153,12 +153,16 @@ def engine_for(
     (its total memory), else the budget (an emulated card); the resident memory is the measured peak (the
     highest of the config's measurements when given)."""
     if plan.settings.get("engine") == "verl":  # exactly the engine the verl probe ran, sized by no rule
-        engine = rollout_engine(config, plan.gpus, plan.rollout_engine, None, None, plan.model_parameters)
+        engine = rollout_engine(
+            config, plan.gpus, plan.rollout_engine, None, None, plan.model_parameters, plan.attention_heads
+        )
         notes = tuple(note for note in engine.notes if "no card was known" not in note)
         return dataclasses.replace(engine, notes=(*notes, PROBED_BY_VERL))
     card = trial_environment(trial).get("gpu_memory_bytes") or budget.bytes
     peak = float(trial.values[1]) if peak is None else float(peak)
-    return rollout_engine(config, plan.gpus, plan.rollout_engine, card, peak, plan.model_parameters)
+    return rollout_engine(
+        config, plan.gpus, plan.rollout_engine, card, peak, plan.model_parameters, plan.attention_heads
+    )
 
 
 def measured_block(

@@ -45,6 +45,7 @@ class StudyPlan:
     identity: dict[str, Any] = field(default_factory=dict)  # what the measurements depend on
     rollout_engine: str = "vllm"  # verl's rollout.name for the export
     model_parameters: int | None = None  # the actor's: the rollout engine's tensor parallel size needs it
+    attention_heads: int | None = None  # the actor's: the tensor parallel size must divide them (vLLM)
     recipe: dict[str, Any] = field(default_factory=dict)  # what the study trains (SearchSpace.recipe)
     tune: list[str] = field(default_factory=list)  # recipe knobs it searches; empty for older studies too
 

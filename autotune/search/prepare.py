@@ -30,6 +30,7 @@ from autotune.probe.contract import ProbeSettings
 from autotune.search.space import (
     MINI,
     OFFLOAD_KNOBS,
+    TP,
     TRAIN,
     SearchSpace,
     batch_value_problem,
@@ -56,6 +57,7 @@ __all__ = [
     "resolve_budget_gib",
     "rollout_card_bytes",
     "states_floor",
+    "tensor_parallel_for_heads",
 ]
 
 PROMPTS_LIMIT = 10_000  # prompt texts of --data the probes draw from
@@ -201,6 +203,7 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
     space = without_unmeasurable_offload(space, device, console)
     check_offload(space, device)
     actor = resolve_model(space.model, options.weights, options.trust_remote_code)
+    space = tensor_parallel_for_heads(space, actor, console)
     reward = resolve_reward_model(space.reward_model)
     budget_gib = resolve_budget_gib(space, options, device)
     budget = Budget(int(budget_gib * GIB), space.headroom)
@@ -309,6 +312,28 @@ def without_unmeasurable_offload(space: SearchSpace, device: str, console: Conso
         "a GPU run searches both)",
         soft_wrap=True,
     )
+    return space_from_dict(data, source=space.source, cores=space.cores, name=space.name)
+
+
+def tensor_parallel_for_heads(space: SearchSpace, actor: Any, console: Console) -> SearchSpace:
+    """The searched tensor-parallel sizes that split the model's attention heads evenly (vLLM refuses to start
+    with any other): the rest are left out in one line; none left is a UserError."""
+    heads = getattr(actor.config, "num_attention_heads", None)
+    sizes = [size for size in space.knob(TP).values() if size]
+    dropped = [size for size in sizes if heads and heads % size]
+    if not dropped:
+        return space
+    kept = [size for size in sizes if size not in dropped]
+    why = f"vLLM splits {actor.name}'s {heads} attention heads over the tensor-parallel ranks"
+    if not kept:
+        raise UserError(
+            f"{space.source}: knobs.{TP}: none of {', '.join(map(str, sizes))} divides {actor.name}'s "
+            f"{heads} attention heads ({why} and refuses any other size); use a divisor of both the GPUs "
+            f"and the heads"
+        )
+    console.print(f"note: {TP} {', '.join(map(str, dropped))} left out: {why}", soft_wrap=True)
+    data = copy.deepcopy(dict(space.raw))
+    data["knobs"][TP] = kept[0] if len(kept) == 1 else {"choices": kept}
     return space_from_dict(data, source=space.source, cores=space.cores, name=space.name)
 
 

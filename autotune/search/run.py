@@ -82,6 +82,7 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
         export = {
             "rollout_engine": options.rollout_engine,
             "model_parameters": job.memory_model.arch.actor_parameters,
+            "attention_heads": job.memory_model.arch.heads,
         }
         plan = StudyPlan.of(space, settings, job.budget, options.trials, job.identity, **export)
         plan.save(study)
