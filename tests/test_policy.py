@@ -53,6 +53,28 @@ def test_a_config_measured_before_is_a_duplicate_of_that_measurement():
     assert decision.attrs == {Attr.DUPLICATE_OF: 3}
 
 
+def test_under_dynamic_batch_size_the_micro_batch_sizes_verl_does_not_read_make_no_new_job():
+    dynamic = dataclasses.replace(BASE, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=1024)
+    seen = [trial(3, Status.OK, dynamic, 12.5, 0.6 * GIB)]
+    other_micro = dataclasses.replace(dynamic, micro_batch_size=2, gradient_accumulation_steps=4)
+    other_micro = dataclasses.replace(other_micro, log_prob_micro_batch_size=4)
+    decision = decide(other_micro, seen, PRIOR, BUDGET)
+    assert isinstance(decision, Outcome) and decision.attrs == {Attr.DUPLICATE_OF: 3}
+    other_mini = dataclasses.replace(dynamic, gradient_accumulation_steps=1)  # 4 samples per step, not 8
+    assert isinstance(decide(other_mini, seen, PRIOR, BUDGET), ProbeIt)
+    static = [
+        trial(
+            3,
+            Status.OK,
+            dataclasses.replace(dynamic, use_dynamic_bsz=False, ppo_max_token_len_per_gpu=None),
+            12.5,
+            0.6 * GIB,
+        )
+    ]
+    static_other = dataclasses.replace(other_micro, use_dynamic_bsz=False, ppo_max_token_len_per_gpu=None)
+    assert isinstance(decide(static_other, static, PRIOR, BUDGET), ProbeIt)  # verl reads m and lm: a new job
+
+
 def test_a_crash_is_not_reused_the_config_is_probed_again():
     seen = [trial(0, Status.CRASHED, BASE, 0.0, 0.0)]
     assert isinstance(decide(BASE, seen, PRIOR, BUDGET), ProbeIt)

@@ -322,3 +322,19 @@ def test_check_refuses_an_override_file_whose_rollout_cannot_split_the_heads(tmp
     path.write_text(format_overrides(verl_overrides(on_8, 8, engine=engine).values))
     result = check(CheckOptions(path, gpus=8, model="qwen2.5-7b", cores=8))
     assert any("28 attention heads" in f.line for f in result.problems), [f.line for f in result.findings]
+
+
+def test_under_dynamic_batch_size_the_sampler_counts_one_job_per_token_budget_not_per_micro_batch():
+    """verl never reads the micro batch sizes with dynamic batch size on: the sampler's key (config_key)
+    makes the configurations that differ only in them one job, so it proposes that job once."""
+    from autotune.search.study import config_key
+
+    grid = space(**VERL_SPACE_KNOBS).grid()
+    dynamic = [c for c in grid if c.use_dynamic_bsz]
+    unread = ("micro_batch_size", "gradient_accumulation_steps", "log_prob_micro_batch_size")
+    jobs = {
+        tuple(sorted((k, v) for k, v in c.to_dict().items() if k not in unread)) for c in dynamic
+    }  # the mini batch per GPU (m·g) is the recipe's here: one value
+    assert len({config_key(c) for c in dynamic}) == len(jobs) < len(dynamic)
+    static = [c for c in grid if not c.use_dynamic_bsz]
+    assert len({config_key(c) for c in static}) == len(static)  # without it every micro batch is its own

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -23,9 +24,11 @@ __all__ = [
     "SHARDINGS",
     "VERL_KNOBS",
     "ProbeConfig",
+    "job_of",
     "parse_sets",
     "physical_cores",
     "rollout_batch_fix",
+    "same_job",
     "train_batch_fixes",
     "train_batch_step",
 ]
@@ -126,6 +129,27 @@ class ProbeConfig:
 
 
 KNOB_NAMES = tuple(f.name for f in fields(ProbeConfig))
+# Under dynamic batch size verl cuts every micro-batch by the token budget and never reads the micro batch
+# sizes (verl/workers/engine/utils.py, prepare_micro_batches): configs that differ only in them run one job.
+UNREAD_UNDER_DYNAMIC_BSZ = ("micro_batch_size", "gradient_accumulation_steps", "log_prob_micro_batch_size")
+
+
+def job_of(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A config's fields (`ProbeConfig.to_dict()`) as the job verl runs: under dynamic batch size the sizes it
+    does not read are dropped, the samples per GPU per optimizer step (m·g) kept."""
+    job = dict(config)
+    if job.get("use_dynamic_bsz"):
+        job["mini_batch_per_gpu"] = job["micro_batch_size"] * job["gradient_accumulation_steps"]
+        for key in UNREAD_UNDER_DYNAMIC_BSZ:
+            job.pop(key, None)
+    return job
+
+
+def same_job(stored: Any, wanted: dict[str, Any]) -> bool:
+    """Whether a trial's stored config dict runs the job `wanted` (a `job_of`)."""
+    return isinstance(stored, dict) and job_of(stored) == wanted
+
+
 VERL_KNOBS = (
     "gpu_memory_utilization",
     "tensor_model_parallel_size",

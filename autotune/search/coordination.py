@@ -25,7 +25,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.knobs import ProbeConfig
+from autotune.config.knobs import ProbeConfig, job_of, same_job
 from autotune.search.storage import GRACE_SECONDS
 from autotune.status import Attr, Status
 
@@ -124,7 +124,7 @@ def wait_for_twin(
     no config is measured twice; the caller then records a duplicate of its result. Earlier trials not yet
     claimed are waited for briefly (they may be about to claim this config); dead workers' trials are swept
     meanwhile, so the wait always ends. `retry` runs each storage read through the outage policy."""
-    wanted, started, last_sweep = config.to_dict(), time.monotonic(), time.monotonic()
+    wanted, started, last_sweep = job_of(config.to_dict()), time.monotonic(), time.monotonic()
     while cancel is None or not cancel.is_set():
         running = retry(
             lambda: study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)), "reading the trials"
@@ -133,7 +133,7 @@ def wait_for_twin(
         if not any(
             t.number < number
             and (
-                t.user_attrs.get(Attr.CONFIG) == wanted
+                same_job(t.user_attrs.get(Attr.CONFIG), wanted)
                 or (Attr.CONFIG not in t.user_attrs and unclaimed_wait)
             )
             for t in running

@@ -17,7 +17,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
-from autotune.config.knobs import ProbeConfig
+from autotune.config.knobs import ProbeConfig, job_of, same_job
 from autotune.memory.model import MemoryModel
 from autotune.search.outcome import Outcome
 from autotune.search.space import at_least_as_large
@@ -78,14 +78,15 @@ def decide(
 
 
 def previous_measurement(config: ProbeConfig, trials: list[FrozenTrial]) -> FrozenTrial | None:
-    """The probe that already measured this exact config (compared as the stored config dicts)."""
-    wanted = config.to_dict()
+    """The probe that already measured this config's job (the stored config dicts compared as the jobs they
+    run: knobs.job_of)."""
+    wanted = job_of(config.to_dict())
     for trial in trials:
         attrs = trial.user_attrs
         if (
             attrs.get(Attr.STATUS) in MEASURED
             and Attr.DUPLICATE_OF not in attrs
-            and attrs.get(Attr.CONFIG) == wanted
+            and same_job(attrs.get(Attr.CONFIG), wanted)
         ):
             return trial
     return None

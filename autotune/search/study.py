@@ -16,7 +16,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.knobs import ProbeConfig
+from autotune.config.knobs import ProbeConfig, job_of
 from autotune.errors import UserError
 from autotune.search.coordination import retry_stale_trial
 from autotune.search.space import SearchSpace, config_to_params
@@ -145,7 +145,8 @@ def trial_environment(trial: FrozenTrial) -> dict[str, Any]:
 
 
 def config_key(config: ProbeConfig) -> str:
-    return json.dumps(config.to_dict(), sort_keys=True)
+    """The job a config runs, as text: two configs with one key are measured once (see knobs.job_of)."""
+    return json.dumps(job_of(config.to_dict()), sort_keys=True)
 
 
 def enqueue_seed_configs(study: optuna.Study, space: SearchSpace) -> list[str]:
