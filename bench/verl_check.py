@@ -11,7 +11,8 @@ Steps, each in its own try/except (an error is recorded and the next step runs),
 2. engines: two configurations probed by both engines; their samples/sec and peaks side by side (verl's peak
    is the larger of its allocator figure and NVML's device peak, vLLM's pool included: it should be larger);
 3. oom: one configuration far beyond the card through verl, which must come back `oom`;
-4. study: `autotune run --engine verl --trials 6` end to end, with its report.
+4. study: `autotune run --engine verl --trials 6` on bench/spaces/verl-check.yaml (verl's rollout share,
+   max_num_seqs and dynamic batch size searched with the batch knobs) end to end, with its report.
 Prints one line per check and the summary as JSON (also to --out after every step). Without CUDA or without
 verl (and vLLM) in --verl-python's environment it prints one line saying which and exits 0, unless
 --dry-run: then it runs every step on CPU with tiny-llama and the stand-in verl of tests/fake_verl, which
@@ -34,6 +35,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 STAND_IN = REPO / "tests" / "fake_verl"
+SPACE = REPO / "bench" / "spaces" / "verl-check.yaml"  # verl's own knobs searched too, sized for minutes
 GPU_CONFIGS = {  # ProbeConfig fields: T R m g Lp Lr (PPO, train 64 samples, 32 per optimizer step)
     "small": {"train_batch_size": 64, "rollout_batch_size": 32, "micro_batch_size": 4,
               "gradient_accumulation_steps": 8, "max_prompt_length": 128, "max_response_length": 128},
@@ -199,10 +201,16 @@ class Check:
         out = self.tmp / "study"
         command = [
             sys.executable, "-m", "autotune", "run", "--engine", "verl", "--verl-python", self.verl_python,
-            "--model", self.model, "--space", "cpu-tiny" if self.dry else "default", "--trials", "6",
-            "--gpus", "1", "--device", self.device, "--out", str(out), "--json",
+            "--model", self.model, "--space", str(SPACE), "--trials", "6", "--gpus", "1",
+            "--device", self.device, "--out", str(out), "--json",
+            "--time-budget", f"{max(60, int(self.left()) - 60)}s",  # stop with a report, not a kill
         ]  # fmt: skip
-        proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=max(60, self.left()))
+        # The stand-in's memory wall at micro batch 32 of the space's 256 tokens (its default suits the
+        # oom step's tiny lengths)
+        env = {**os.environ, "AUTOTUNE_FAKE_VERL_OOM_TOKENS": "4096"} if self.dry else None
+        proc = subprocess.run(
+            command, cwd=REPO, capture_output=True, text=True, timeout=max(60, self.left()), env=env
+        )
         self.summary["checks"]["study"] = proc.returncode in (0, 1) and bool(proc.stdout.strip())
         print(f"study: exit {proc.returncode}")
         if not proc.stdout.strip():

@@ -221,3 +221,37 @@ def test_the_verl_probes_command_composes_and_passes_validate_config(tmp_path):
             "data.train_files": str(run.train_path),
             "ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH": str(run.metrics_path),
         }, name
+
+
+def test_the_shipped_verl_space_probes_jobs_verl_accepts(tmp_path):
+    """`--space verl-qwen2.5-0.5b-1gpu`: its hand-made config and random samples (dynamic batch size on and
+    off) compose as the verl probe launches them and pass validate_config."""
+    import optuna
+
+    from autotune.probe.verl.command import verl_run
+    from autotune.search.space import load_space, sample_config
+
+    space = load_space("verl-qwen2.5-0.5b-1gpu", cores=4)
+    sampler = optuna.samplers.RandomSampler(seed=3)
+    study = optuna.create_study(sampler=sampler)
+    samples = [sample_config(space, study.ask()) for _ in range(12)]
+    configs = {"hand-made": space.seed_configs[0].config}
+    configs["dynamic"] = next(c for c in samples if c.use_dynamic_bsz)
+    configs["static"] = next(c for c in samples if not c.use_dynamic_bsz)
+    model = write_model_dir("tiny-qwen2", tmp_path / "tiny-qwen2")
+    cases = []
+    for name, config in configs.items():
+        run = verl_run(
+            config,
+            world_size=space.gpus,
+            steps=3,
+            model_path=str(model),
+            run_dir=tmp_path / name,
+            verl_python=str(VERL_PYTHON),
+            card_bytes=0.0,
+            resident_bytes=None,
+        )
+        cases.append({"name": name, "overrides": [a for a in run.argv[3:] if not a.startswith("hydra.")]})
+    verdicts = run_verl(cases)
+    for name in configs:
+        assert verdicts[name]["ok"], (name, verdicts[name])

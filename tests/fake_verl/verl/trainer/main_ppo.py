@@ -9,8 +9,9 @@ them (paths under site-packages/verl):
   Hydra exits 1 (single_controller/ray/base.py:49-56, hydra/_internal/utils.py); no GPU: `ValueError: Total
   available GPUs 0 is less than total desired GPUs N` (single_controller/ray/base.py:226-241).
 Scripted by AUTOTUNE_FAKE_VERL: "" (behave), "hang" (never finish, with a child process), "exit0-missing"
-(exit 0 after one step), "gpus0" (verl's refusal on a CPU machine). A micro batch × sequence length above
-AUTOTUNE_FAKE_VERL_OOM_TOKENS (default 512) runs out of memory in the actor update.
+(exit 0 after one step), "gpus0" (verl's refusal on a CPU machine). A micro batch × sequence length (under
+dynamic batch size: the token budget) above AUTOTUNE_FAKE_VERL_OOM_TOKENS (default 512) runs out of memory in
+the actor update.
 """
 
 from __future__ import annotations
@@ -108,13 +109,17 @@ def main() -> int:
         cfg.get("ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH")
         or os.environ["VERL_FILE_LOGGER_PATH"]
     )
-    micro = number(cfg["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"])
-    tokens = number(cfg["data.max_prompt_length"]) + number(cfg["data.max_response_length"])
+    micro_tokens = (  # under dynamic batch size verl fills micro-batches up to the token budget instead
+        number(cfg["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"])
+        if cfg.get("actor_rollout_ref.actor.use_dynamic_bsz") == "true"
+        else number(cfg["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"])
+        * (number(cfg["data.max_prompt_length"]) + number(cfg["data.max_response_length"]))
+    )
     limit = int(os.environ.get("AUTOTUNE_FAKE_VERL_OOM_TOKENS", "512"))
     steps = 1 if script == "exit0-missing" else number(cfg["trainer.total_training_steps"])
     with open(path, "wb", buffering=0) as log:
         for step in range(1, steps + 1):
-            if micro * tokens > limit:
+            if micro_tokens > limit:
                 sys.stderr.write(OOM_TRACEBACK.format(overrides=overrides, pid=os.getpid()))
                 return 1
             metrics = step_metrics(cfg, step)
