@@ -31,6 +31,10 @@ class Status:
     ABANDONED = "abandoned"  # asked but never claimed (the storage failed in between)
 
 
+# The `oom_kind` of a CUDA OOM raised in one of verl's training tasks (the actor's or critic's update or
+# forward passes), where verl's rollout engine has freed its KV cache (autotune.probe.verl.failures)
+TRAINING_OOM = "cuda_training"
+
 PROBE_STATUSES = (Status.OK, Status.OOM, Status.TIMEOUT, Status.CRASHED)
 MEASURED = (Status.OK, Status.OOM, Status.TIMEOUT)  # a probe ran and its figures are properties of the config
 LAUNCHED = (*PROBE_STATUSES, Status.INTERRUPTED)  # a probe process really ran

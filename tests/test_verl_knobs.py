@@ -338,3 +338,49 @@ def test_under_dynamic_batch_size_the_sampler_counts_one_job_per_token_budget_no
     assert len({config_key(c) for c in dynamic}) == len(jobs) < len(dynamic)
     static = [c for c in grid if not c.use_dynamic_bsz]
     assert len({config_key(c) for c in static}) == len(static)  # without it every micro batch is its own
+
+
+# --- an OOM in verl's training tasks: the rollout engine slept, its KV cache freed -------------------------
+
+
+def test_a_training_oom_dominates_whatever_the_rollout_share_and_more_sequences():
+    wall = dataclasses.replace(KNOBS, use_dynamic_bsz=False, ppo_max_token_len_per_gpu=None)
+    wall = dataclasses.replace(wall, max_num_seqs=None)
+    other_share = dataclasses.replace(wall, gpu_memory_utilization=0.3)  # below the wall's 0.45
+    more_seqs = dataclasses.replace(wall, max_num_seqs=512)  # above verl's default 256
+    fewer_seqs = dataclasses.replace(wall, max_num_seqs=64)
+    assert at_least_as_large(other_share, wall, training_oom=True)
+    assert not at_least_as_large(other_share, wall)  # elsewhere a smaller pool may fit
+    assert at_least_as_large(more_seqs, wall, training_oom=True)
+    assert not at_least_as_large(more_seqs, wall)
+    assert not at_least_as_large(fewer_seqs, wall, training_oom=True)
+    smaller_micro = dataclasses.replace(other_share, micro_batch_size=2, gradient_accumulation_steps=4)
+    assert not at_least_as_large(smaller_micro, wall, training_oom=True)
+
+
+def test_the_tuner_infers_an_oom_from_a_training_oom_of_another_share():
+    from optuna.distributions import IntDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from autotune.search.policy import ProbeIt, decide
+    from autotune.search.study import Budget
+    from autotune.status import TRAINING_OOM, Attr, Status
+
+    wall = dataclasses.replace(KNOBS, use_dynamic_bsz=False, ppo_max_token_len_per_gpu=None)
+
+    def oom(kind: str):
+        trial = create_trial(
+            state=TrialState.COMPLETE,
+            values=[0.0, 80 * GIB],
+            params={"x": 1},
+            distributions={"x": IntDistribution(0, 2)},
+            user_attrs={Attr.STATUS: Status.OOM, Attr.OOM_KIND: kind, Attr.CONFIG: wall.to_dict()},
+        )
+        trial.number = 0
+        return [trial]
+
+    wider = dataclasses.replace(wall, gpu_memory_utilization=0.3, max_num_seqs=256)
+    budget = Budget(int(80 * GIB), 0.10)
+    decided = decide(wider, oom(TRAINING_OOM), model(80 * GIB), budget)
+    assert getattr(decided, "status", None) == Status.INFERRED_OOM
+    assert isinstance(decide(wider, oom("cuda"), model(80 * GIB), budget), ProbeIt)

@@ -156,6 +156,7 @@ HOLDING_KNOBS = (SHARDING, *OFFLOAD_KNOBS)  # how the training states are held: 
 # verl's own knobs (`--engine verl` only; `prepare` refuses them for the built-in probe): vLLM's share of the
 # card, tensor parallel size (divisors of W), max_num_seqs, and dynamic batch size with its token budget
 UTILIZATION, TP, SEQS = "gpu_memory_utilization", "tensor_model_parallel_size", "max_num_seqs"
+VERL_MAX_NUM_SEQS = 256  # max_num_seqs unset: verl's default (trainer/config/rollout/rollout.yaml)
 DYNAMIC, BUDGET = "use_dynamic_bsz", "ppo_max_token_len_per_gpu"
 VERL_KNOBS = (UTILIZATION, TP, SEQS, DYNAMIC, BUDGET)
 DYNAMIC_KNOBS = (DYNAMIC, BUDGET)  # sampled together: the budget only with dynamic batch size on
@@ -693,7 +694,7 @@ def _index(space: SearchSpace, spec: KnobSpec) -> int:
 # ---------------------------------------------------------------------------------------------- memory order
 
 
-def at_least_as_large(a: ProbeConfig, b: ProbeConfig) -> bool:
+def at_least_as_large(a: ProbeConfig, b: ProbeConfig, training_oom: bool = False) -> bool:
     """Whether `a` needs at least as much memory as `b`: if `b` ran out of memory, so does `a`.
 
     True when `a` >= `b` on every memory-monotone knob (`MEMORY_MONOTONE_KNOBS`: micro, rollout batch,
@@ -703,14 +704,24 @@ def at_least_as_large(a: ProbeConfig, b: ProbeConfig) -> bool:
     rank, KL used or not: a reference model or none; sharding and offload: another holding of the states).
     T, g and the workers (`TIME_ONLY_KNOBS`) change time, not the peak, and are not compared; both configs
     are assumed to run on the same number of ranks.
+
+    `training_oom`: `b` ran out of memory in one of verl's training tasks (`status.TRAINING_OOM`), while the
+    rollout engine slept with its KV cache freed: the rollout share is not compared, and `max_num_seqs`
+    counts as monotone (what vLLM keeps while asleep, its CUDA graphs captured up to that many sequences,
+    never shrinks with more).
     """
-    if any(getattr(a, key) != getattr(b, key) for key in MEMORY_EQUAL_FIELDS if key != "lora_r"):
+    skipped = {"lora_r", SEQS} if training_oom else {"lora_r"}
+    if any(getattr(a, key) != getattr(b, key) for key in MEMORY_EQUAL_FIELDS if key not in skipped):
+        return False
+    if training_oom and (a.max_num_seqs or VERL_MAX_NUM_SEQS) < (b.max_num_seqs or VERL_MAX_NUM_SEQS):
         return False
     if a.use_lora and a.lora_r != b.lora_r:
         return False
     if a.gradient_checkpointing and not b.gradient_checkpointing:
         return False
     for key in OPTIONAL_MONOTONE_KNOBS:
+        if training_oom and key == UTILIZATION:
+            continue
         x, y = getattr(a, key), getattr(b, key)
         if x != y and (x is None or y is None or x < y):
             return False

@@ -13,7 +13,7 @@ import re
 
 from autotune.probe.classify import describe_exit
 from autotune.probe.verl.metrics import clean_line
-from autotune.status import Status
+from autotune.status import TRAINING_OOM, Status
 
 __all__ = ["CUDA_OOM", "GPUS_REFUSED", "HOST_OOM", "VLLM_KV_CACHE", "classify_run", "last_exception"]
 
@@ -59,6 +59,13 @@ EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Excepti
 EXCEPTION_NAME = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)(?:\([\w.]+\))?: ")
 # A Ray task header, `ray::WorkerDict.actor_rollout_ref_update_actor()` (ray/exceptions.py:347-357).
 RAY_TASK = re.compile(r"ray::[\w.]+\(\)")
+# verl 0.9.1's training tasks, as Ray names them (`WorkerDict.<role>_<method>`; workers/engine_workers.py:
+# ActorRolloutRefWorker.update_actor, compute_log_prob, compute_ref_log_prob; TrainingWorker.train_batch,
+# train_mini_batch, infer_batch): while they run, the rollout engine sleeps, its KV cache freed
+# (rollout.free_cache_engine, true by default: vllm_async_server.py `sleep`).
+TRAINING_TASK = re.compile(
+    r"_(?:update_actor|compute_log_prob|compute_ref_log_prob|train_batch|train_mini_batch|infer_batch)\(\)"
+)
 TORCH_OOM_LINE = re.compile(r"torch(?:\.cuda)?\.OutOfMemoryError|CUDA (?:error: )?out of memory")
 
 
@@ -85,18 +92,22 @@ def _first_match(lines: list[str], pattern: re.Pattern[str]) -> int | None:
     return next((i for i, line in enumerate(lines) if pattern.search(line)), None)
 
 
-def _where(lines: list[str], before: int) -> str:
-    """The innermost Ray task above line `before`: where the error was raised."""
-    tasks = [m.group(0) for line in lines[:before] for m in RAY_TASK.finditer(line)]
-    return f" in {tasks[-1]}" if tasks else ""
+def _task(lines: list[str], before: int) -> str | None:
+    """The innermost Ray task named up to line `before`: where the error was raised."""
+    tasks = [m.group(0) for line in lines[: before + 1] for m in RAY_TASK.finditer(line)]
+    return tasks[-1] if tasks else None
 
 
-def _cuda_oom(lines: list[str]) -> str:
+def _cuda_oom(lines: list[str]) -> tuple[str, str]:
+    """(oom_kind, message): `TRAINING_OOM` when raised in a training task, else "cuda"."""
     # Prefer torch's own line: it says how much was asked and how much was free.
     torch_line = _first_match(lines, TORCH_OOM_LINE)
     index = torch_line if torch_line is not None else _first_match(lines, CUDA_OOM)
     assert index is not None
-    return _short(f"CUDA out of memory{_where(lines, index)}: {_from_exception(lines[index])}")
+    task = _task(lines, index)
+    kind = TRAINING_OOM if task and TRAINING_TASK.search(task) else "cuda"
+    where = f" in {task}" if task else ""
+    return kind, _short(f"CUDA out of memory{where}: {_from_exception(lines[index])}")
 
 
 def _oom(lines: list[str]) -> tuple[str, str] | None:
@@ -112,7 +123,7 @@ def _oom(lines: list[str]) -> tuple[str, str] | None:
             f"Ray's memory monitor killed a worker (host memory): {_from_exception(lines[index])}"
         )
     if _first_match(lines, CUDA_OOM) is not None:
-        return "cuda", _cuda_oom(lines)
+        return _cuda_oom(lines)
     return None
 
 
