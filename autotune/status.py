@@ -31,9 +31,11 @@ class Status:
     ABANDONED = "abandoned"  # asked but never claimed (the storage failed in between)
 
 
-# The `oom_kind` of a CUDA OOM raised in one of verl's training tasks (the actor's or critic's update or
-# forward passes), where verl's rollout engine has freed its KV cache (autotune.probe.verl.failures)
-TRAINING_OOM = "cuda_training"
+# The `oom_kind` of a CUDA OOM raised in one of verl's training tasks (autotune.probe.verl.failures), while
+# its rollout engine slept with its KV cache freed: in an update (actor or critic) or in the forward passes
+# that score the rollout; OOM_PHASES names the phase of each
+UPDATE_OOM, SCORING_OOM = "cuda_update", "cuda_scoring"
+OOM_PHASES = {UPDATE_OOM: "update", SCORING_OOM: "scoring"}
 
 PROBE_STATUSES = (Status.OK, Status.OOM, Status.TIMEOUT, Status.CRASHED)
 MEASURED = (Status.OK, Status.OOM, Status.TIMEOUT)  # a probe ran and its figures are properties of the config

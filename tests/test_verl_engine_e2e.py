@@ -60,7 +60,7 @@ def test_an_oom_inside_ray_is_an_oom():
         "--set",
         "max_prompt_length=64",
     )
-    assert code == 1 and result["status"] == "oom" and result["oom_kind"] == "cuda_training", result
+    assert code == 1 and result["status"] == "oom" and result["oom_kind"] == "cuda_update", result
     assert "update_actor" in result["message"]
 
 

@@ -345,17 +345,33 @@ def test_under_dynamic_batch_size_the_sampler_counts_one_job_per_token_budget_no
 
 def test_a_training_oom_dominates_whatever_the_rollout_share_and_more_sequences():
     wall = dataclasses.replace(KNOBS, use_dynamic_bsz=False, ppo_max_token_len_per_gpu=None)
-    wall = dataclasses.replace(wall, max_num_seqs=None)
+    wall = dataclasses.replace(wall, max_num_seqs=None, log_prob_micro_batch_size=8)
     other_share = dataclasses.replace(wall, gpu_memory_utilization=0.3)  # below the wall's 0.45
     more_seqs = dataclasses.replace(wall, max_num_seqs=512)  # above verl's default 256
     fewer_seqs = dataclasses.replace(wall, max_num_seqs=64)
-    assert at_least_as_large(other_share, wall, training_oom=True)
+    for phase in ("update", "scoring"):
+        assert at_least_as_large(other_share, wall, oom_phase=phase)
+        assert at_least_as_large(more_seqs, wall, oom_phase=phase)
+        assert not at_least_as_large(fewer_seqs, wall, oom_phase=phase)
     assert not at_least_as_large(other_share, wall)  # elsewhere a smaller pool may fit
-    assert at_least_as_large(more_seqs, wall, training_oom=True)
     assert not at_least_as_large(more_seqs, wall)
-    assert not at_least_as_large(fewer_seqs, wall, training_oom=True)
-    smaller_micro = dataclasses.replace(other_share, micro_batch_size=2, gradient_accumulation_steps=4)
-    assert not at_least_as_large(smaller_micro, wall, training_oom=True)
+
+
+def test_a_training_oom_says_nothing_of_the_knobs_its_phase_does_not_reach():
+    wall = dataclasses.replace(KNOBS, use_dynamic_bsz=False, ppo_max_token_len_per_gpu=None)
+    wall = dataclasses.replace(wall, log_prob_micro_batch_size=8, gradient_checkpointing=False)
+    small_scoring = dataclasses.replace(wall, log_prob_micro_batch_size=2, rollout_batch_size=8)
+    small_update = dataclasses.replace(wall, micro_batch_size=2, gradient_accumulation_steps=4)
+    checkpointed = dataclasses.replace(wall, gradient_checkpointing=True)
+    # the update: m, the lengths and checkpointing decide; the log-prob micro batch and R do not reach it
+    assert at_least_as_large(small_scoring, wall, oom_phase="update")
+    assert not at_least_as_large(small_update, wall, oom_phase="update")
+    assert not at_least_as_large(checkpointed, wall, oom_phase="update")
+    # scoring (forward passes): the log-prob micro batch and the lengths decide; m and checkpointing do not
+    assert at_least_as_large(small_update, wall, oom_phase="scoring")
+    assert at_least_as_large(checkpointed, wall, oom_phase="scoring")
+    assert not at_least_as_large(small_scoring, wall, oom_phase="scoring")
+    assert not any(at_least_as_large(c, wall) for c in (small_scoring, small_update, checkpointed))
 
 
 def test_the_tuner_infers_an_oom_from_a_training_oom_of_another_share():
@@ -364,7 +380,7 @@ def test_the_tuner_infers_an_oom_from_a_training_oom_of_another_share():
 
     from autotune.search.policy import ProbeIt, decide
     from autotune.search.study import Budget
-    from autotune.status import TRAINING_OOM, Attr, Status
+    from autotune.status import UPDATE_OOM, Attr, Status
 
     wall = dataclasses.replace(KNOBS, use_dynamic_bsz=False, ppo_max_token_len_per_gpu=None)
 
@@ -381,6 +397,37 @@ def test_the_tuner_infers_an_oom_from_a_training_oom_of_another_share():
 
     wider = dataclasses.replace(wall, gpu_memory_utilization=0.3, max_num_seqs=256)
     budget = Budget(int(80 * GIB), 0.10)
-    decided = decide(wider, oom(TRAINING_OOM), model(80 * GIB), budget)
+    decided = decide(wider, oom(UPDATE_OOM), model(80 * GIB), budget)
     assert getattr(decided, "status", None) == Status.INFERRED_OOM
     assert isinstance(decide(wider, oom("cuda"), model(80 * GIB), budget), ProbeIt)
+
+
+def test_the_report_tables_show_verls_knobs_in_a_column_of_their_own_when_set():
+    from types import SimpleNamespace
+
+    from optuna.distributions import IntDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from autotune.report.tables import KNOB_COLUMNS, knob_cells, knob_columns, legend_line
+    from autotune.status import Attr
+
+    def report_of(*configs: ProbeConfig):
+        trials = [
+            create_trial(
+                state=TrialState.COMPLETE,
+                values=[1.0, 1.0],
+                params={"x": 1},
+                distributions={"x": IntDistribution(0, 2)},
+                user_attrs={Attr.CONFIG: c.to_dict()},
+            )
+            for c in configs
+        ]
+        return SimpleNamespace(trials=trials)
+
+    builtin = report_of(BASE)
+    assert knob_columns(builtin) == KNOB_COLUMNS and "verl:" not in legend_line(builtin)
+    verl = report_of(BASE, KNOBS)
+    columns = knob_columns(verl)
+    assert columns[-1] == ("verl", "verl") and "verl:" in legend_line(verl)
+    assert knob_cells(verl.trials[0], columns)[-1] == "-"
+    assert knob_cells(verl.trials[1], columns)[-1] == "gmu0.45 tp2 seqs128 dyn1024"

@@ -19,7 +19,7 @@ from autotune.probe.verl.metrics import (
     phase_of,
     summarise,
 )
-from autotune.status import TRAINING_OOM, Status
+from autotune.status import SCORING_OOM, UPDATE_OOM, Status
 from autotune.units import GIB
 
 CYAN, RESET_ALL, FORE_RESET = "\x1b[36m", "\x1b[0m", "\x1b[39m"
@@ -357,7 +357,7 @@ def test_complete_run_is_ok_whatever_its_output_says():
 
 def test_cuda_oom_wrapped_in_nested_ray_task_errors():
     status, kind, message = classify_run(1, False, 1, 3, CUDA_OOM_TAIL)
-    assert (status, kind) == (Status.OOM, TRAINING_OOM)  # raised in the actor's update: a training task
+    assert (status, kind) == (Status.OOM, UPDATE_OOM)  # raised in the actor's update: a training task
     assert "ray::WorkerDict.actor_rollout_ref_update_actor()" in message  # where: the innermost task
     assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" in message
     assert "\x1b" not in message
@@ -370,7 +370,7 @@ def test_cuda_oom_in_a_dead_actors_creation_task():
 
 
 def test_cuda_oom_wins_over_the_timeout_it_caused():
-    assert classify_run(None, True, 1, 3, CUDA_OOM_TAIL)[:2] == (Status.OOM, TRAINING_OOM)
+    assert classify_run(None, True, 1, 3, CUDA_OOM_TAIL)[:2] == (Status.OOM, UPDATE_OOM)
 
 
 def test_ray_wrapper_alone_is_a_cuda_oom():
@@ -378,7 +378,7 @@ def test_ray_wrapper_alone_is_a_cuda_oom():
     tail = (
         "ray.exceptions.RayTaskError(OutOfMemoryError): ray::WorkerDict.actor_rollout_ref_compute_log_prob()"
     )
-    assert classify_run(1, False, 1, 3, tail)[:2] == (Status.OOM, TRAINING_OOM)
+    assert classify_run(1, False, 1, 3, tail)[:2] == (Status.OOM, SCORING_OOM)  # a forward pass
 
 
 @pytest.mark.parametrize("tail", [VLLM_NO_BLOCKS_TAIL, VLLM_TOO_LONG_TAIL, VLLM_STARTUP_TAIL])

@@ -22,7 +22,7 @@ from autotune.memory.model import MemoryModel
 from autotune.search.outcome import Outcome
 from autotune.search.space import at_least_as_large
 from autotune.search.study import Budget, measured_ok, trial_config
-from autotune.status import MEASURED, TRAINING_OOM, Attr, Status
+from autotune.status import MEASURED, OOM_PHASES, Attr, Status
 
 __all__ = [
     "PREDICTION_MARGINS",
@@ -65,8 +65,8 @@ def decide(
         )
     if not prune:
         return ProbeIt()
-    for number, oom_config, oom_peak, training in _measured_ooms(trials, budget):
-        if at_least_as_large(config, oom_config, training):
+    for number, oom_config, oom_peak, phase in _measured_ooms(trials, budget):
+        if at_least_as_large(config, oom_config, phase):
             peak = max(int(oom_peak), budget.bytes)
             return Outcome(Status.INFERRED_OOM, config, 0.0, peak, attrs={Attr.DOMINATES_OOM_TRIAL: number})
     model, points = calibrated(prior, trials)
@@ -105,14 +105,16 @@ def calibrated(prior: MemoryModel, trials: list[FrozenTrial]) -> tuple[MemoryMod
     return fresh.calibrate(points), len(points)
 
 
-def _measured_ooms(trials: list[FrozenTrial], budget: Budget) -> list[tuple[int, ProbeConfig, int, bool]]:
-    """(number, config, peak, in a verl training task) of each measured OOM."""
+def _measured_ooms(
+    trials: list[FrozenTrial], budget: Budget
+) -> list[tuple[int, ProbeConfig, int, str | None]]:
+    """(number, config, peak, the verl training phase it ran out of memory in) of each measured OOM."""
     return [
         (
             t.number,
             trial_config(t),
             t.user_attrs.get(Attr.PEAK_BYTES, budget.bytes),
-            t.user_attrs.get(Attr.OOM_KIND) == TRAINING_OOM,
+            OOM_PHASES.get(t.user_attrs.get(Attr.OOM_KIND)),
         )
         for t in trials
         if t.user_attrs.get(Attr.STATUS) == Status.OOM

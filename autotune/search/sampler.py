@@ -44,7 +44,7 @@ from autotune.search.space import (
 )
 from autotune.search.study import Budget, config_key, measured_ok, trial_config
 from autotune.search.surrogate import Observation, SpeedModel
-from autotune.status import TRAINING_OOM, Attr, Status
+from autotune.status import OOM_PHASES, Attr, Status
 
 __all__ = ["BOLDNESS", "MAX_CANDIDATES", "SystemSampler", "choose"]
 
@@ -145,8 +145,8 @@ def choose(
     """The next configuration to probe given the study's complete `trials`; None when every candidate is
     decided or busy."""
     decided = {config_key(c) for t in trials if (c := trial_config(t)) is not None}
-    walls = [  # (config, ran out of memory in a verl training task)
-        (c, t.user_attrs.get(Attr.OOM_KIND) == TRAINING_OOM)
+    walls = [  # (config, the verl training phase it ran out of memory in)
+        (c, OOM_PHASES.get(t.user_attrs.get(Attr.OOM_KIND)))
         for t in trials
         if _over_the_limit(t, budget) and (c := trial_config(t)) is not None
     ]
@@ -155,7 +155,7 @@ def choose(
         for c in candidates
         if (key := config_key(c)) not in decided
         and key not in busy
-        and not any(at_least_as_large(c, wall, training) for wall, training in walls)
+        and not any(at_least_as_large(c, wall, phase) for wall, phase in walls)
     ]
     if not pool:
         return None

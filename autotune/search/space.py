@@ -191,6 +191,9 @@ FIXED, CHOICES, POW2, LINEAR = "fixed", "choices", "pow2", "linear"
 # g beyond a rollout buffer of a few MB; the workers are separate processes, outside a rank's CUDA memory
 # and its RSS).
 MEMORY_MONOTONE_KNOBS = (MICRO, ROLLOUT, PROMPT, RESPONSE, "forward_micro_batch_size")
+# The monotone knobs a phase of verl's training does not reach (its rollout engine asleep): an OOM there says
+# nothing about them
+UNREACHED = {"update": (ROLLOUT, "forward_micro_batch_size"), "scoring": (MICRO, ROLLOUT)}
 MEMORY_EQUAL_FIELDS = (
     "algorithm",
     "rollout_n",
@@ -694,7 +697,7 @@ def _index(space: SearchSpace, spec: KnobSpec) -> int:
 # ---------------------------------------------------------------------------------------------- memory order
 
 
-def at_least_as_large(a: ProbeConfig, b: ProbeConfig, training_oom: bool = False) -> bool:
+def at_least_as_large(a: ProbeConfig, b: ProbeConfig, oom_phase: str | None = None) -> bool:
     """Whether `a` needs at least as much memory as `b`: if `b` ran out of memory, so does `a`.
 
     True when `a` >= `b` on every memory-monotone knob (`MEMORY_MONOTONE_KNOBS`: micro, rollout batch,
@@ -705,27 +708,30 @@ def at_least_as_large(a: ProbeConfig, b: ProbeConfig, training_oom: bool = False
     T, g and the workers (`TIME_ONLY_KNOBS`) change time, not the peak, and are not compared; both configs
     are assumed to run on the same number of ranks.
 
-    `training_oom`: `b` ran out of memory in one of verl's training tasks (`status.TRAINING_OOM`), while the
-    rollout engine slept with its KV cache freed: the rollout share is not compared, and `max_num_seqs`
-    counts as monotone (what vLLM keeps while asleep, its CUDA graphs captured up to that many sequences,
-    never shrinks with more).
+    `oom_phase` ("update" or "scoring", `status.OOM_PHASES`): `b` ran out of memory in that phase of verl's
+    training, while the rollout engine slept with its KV cache freed. The rollout share is not compared then,
+    `max_num_seqs` counts as monotone (what vLLM keeps asleep, its CUDA graphs captured up to that many
+    sequences, never shrinks with more), and the knobs the phase does not reach are not compared
+    (`UNREACHED`): in an update the log-prob micro batch and the rollout batch; in the forward passes that
+    score the rollout the micro batch, the rollout batch and checkpointing.
     """
-    skipped = {"lora_r", SEQS} if training_oom else {"lora_r"}
+    skipped = {"lora_r", SEQS} if oom_phase else {"lora_r"}
     if any(getattr(a, key) != getattr(b, key) for key in MEMORY_EQUAL_FIELDS if key not in skipped):
         return False
-    if training_oom and (a.max_num_seqs or VERL_MAX_NUM_SEQS) < (b.max_num_seqs or VERL_MAX_NUM_SEQS):
+    if oom_phase and (a.max_num_seqs or VERL_MAX_NUM_SEQS) < (b.max_num_seqs or VERL_MAX_NUM_SEQS):
         return False
     if a.use_lora and a.lora_r != b.lora_r:
         return False
-    if a.gradient_checkpointing and not b.gradient_checkpointing:
+    if a.gradient_checkpointing and not b.gradient_checkpointing and oom_phase != "scoring":
         return False
+    unreached = UNREACHED.get(oom_phase or "", ())
     for key in OPTIONAL_MONOTONE_KNOBS:
-        if training_oom and key == UTILIZATION:
+        if oom_phase and key == UTILIZATION:
             continue
         x, y = getattr(a, key), getattr(b, key)
         if x != y and (x is None or y is None or x < y):
             return False
-    return all(getattr(a, key) >= getattr(b, key) for key in MEMORY_MONOTONE_KNOBS)
+    return all(getattr(a, key) >= getattr(b, key) for key in MEMORY_MONOTONE_KNOBS if key not in unreached)
 
 
 # ---------------------------------------------------------------------------------------------- loading

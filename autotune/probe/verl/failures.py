@@ -13,7 +13,7 @@ import re
 
 from autotune.probe.classify import describe_exit
 from autotune.probe.verl.metrics import clean_line
-from autotune.status import TRAINING_OOM, Status
+from autotune.status import SCORING_OOM, UPDATE_OOM, Status
 
 __all__ = ["CUDA_OOM", "GPUS_REFUSED", "HOST_OOM", "VLLM_KV_CACHE", "classify_run", "last_exception"]
 
@@ -62,10 +62,9 @@ RAY_TASK = re.compile(r"ray::[\w.]+\(\)")
 # verl 0.9.1's training tasks, as Ray names them (`WorkerDict.<role>_<method>`; workers/engine_workers.py:
 # ActorRolloutRefWorker.update_actor, compute_log_prob, compute_ref_log_prob; TrainingWorker.train_batch,
 # train_mini_batch, infer_batch): while they run, the rollout engine sleeps, its KV cache freed
-# (rollout.free_cache_engine, true by default: vllm_async_server.py `sleep`).
-TRAINING_TASK = re.compile(
-    r"_(?:update_actor|compute_log_prob|compute_ref_log_prob|train_batch|train_mini_batch|infer_batch)\(\)"
-)
+# (rollout.free_cache_engine, true by default: vllm_async_server.py `sleep`). Updates, then forward passes.
+UPDATE_TASK = re.compile(r"_(?:update_actor|update_critic|train_batch|train_mini_batch)\(\)")
+SCORING_TASK = re.compile(r"_(?:compute_log_prob|compute_ref_log_prob|compute_values|infer_batch)\(\)")
 TORCH_OOM_LINE = re.compile(r"torch(?:\.cuda)?\.OutOfMemoryError|CUDA (?:error: )?out of memory")
 
 
@@ -99,13 +98,17 @@ def _task(lines: list[str], before: int) -> str | None:
 
 
 def _cuda_oom(lines: list[str]) -> tuple[str, str]:
-    """(oom_kind, message): `TRAINING_OOM` when raised in a training task, else "cuda"."""
+    """(oom_kind, message): `UPDATE_OOM` or `SCORING_OOM` when raised in a training task, else "cuda"."""
     # Prefer torch's own line: it says how much was asked and how much was free.
     torch_line = _first_match(lines, TORCH_OOM_LINE)
     index = torch_line if torch_line is not None else _first_match(lines, CUDA_OOM)
     assert index is not None
     task = _task(lines, index)
-    kind = TRAINING_OOM if task and TRAINING_TASK.search(task) else "cuda"
+    kind = "cuda"
+    if task and UPDATE_TASK.search(task):
+        kind = UPDATE_OOM
+    elif task and SCORING_TASK.search(task):
+        kind = SCORING_OOM
     where = f" in {task}" if task else ""
     return kind, _short(f"CUDA out of memory{where}: {_from_exception(lines[index])}")
 
