@@ -88,6 +88,18 @@ def test_a_trial_line_has_the_configuration_figures_and_what_else_matters():
     assert short_config(trial_config(seed), ["train_batch_size"]).startswith("T32 ")  # searched: shown
 
 
+def test_a_trial_line_names_verls_own_knobs_when_set():
+    import dataclasses
+
+    from autotune.config.knobs import ProbeConfig
+
+    base = ProbeConfig(rollout_batch_size=8, train_batch_size=16, micro_batch_size=2)
+    assert "gmu" not in short_config(base) and "dyn" not in short_config(base)
+    share = dataclasses.replace(base, gpu_memory_utilization=0.4, max_num_seqs=256)
+    verl = dataclasses.replace(share, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=4096)
+    assert short_config(verl).endswith(" gmu0.4 seqs256 dyn4096")
+
+
 def test_eta_goes_by_this_runs_pace_else_by_the_studys_earlier_probes():
     assert eta_text(done_now=2, remaining=3, elapsed=60.0, past_walls=[], slots=1) == "ETA 0:01:30"
     assert eta_text(0, 4, 5.0, [30.0, 50.0], slots=2) == "ETA 0:01:20"

@@ -358,10 +358,8 @@ def near_misses(
             )
         elif str(trial.number) in remeasured:
             mean = pick.figures(study, trial)
-            why = (
-                f"re-measured: mean {mean.mean:.3f} samples/s over {mean.count} probes, below the "
-                f"recommended one's"
-            )
+            probes = f"{mean.count} probe{'s' if mean.count > 1 else ''}"
+            why = f"re-measured: mean {mean.mean:.3f} samples/s over {probes}, below the recommended one's"
         else:
             why = "its confirmation probe failed (autotune report --confirm)"
         found.append(NearMiss(trial, why))

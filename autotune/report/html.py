@@ -417,7 +417,7 @@ def render_html(report: ReportData) -> str:
                 budget_caption + " Points beyond the right edge are clipped to it.",
             )
             + html_table(front_table(report), chosen_row)
-            + f'<p class="meta">{html.escape(legend_line())}</p>',
+            + f'<p class="meta">{html.escape(legend_line(report))}</p>',
         ),
         _section(
             "memory-vs-micro",
@@ -446,7 +446,7 @@ def render_html(report: ReportData) -> str:
         ),
         _section("trials", "Every trial", html_table(trials_table(report), chosen_row)),
         _section("cost", "Cost of the study", html_table(cost_table(report), header=False)),
-        f'<p class="meta">{html.escape(legend_line())}</p>',
+        f'<p class="meta">{html.escape(legend_line(report))}</p>',
     ]
     title = f"autotune report: {report.study_name}"
     return (

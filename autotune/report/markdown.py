@@ -60,7 +60,7 @@ def render_markdown(report: ReportData) -> str:
     parts += [
         "\n## Pareto front (feasible trials: samples/s up, peak memory down)\n\n",
         md_table(front_table(report)),
-        f"\n{legend_line()}\n",
+        f"\n{legend_line(report)}\n",
     ]
     parts += ["\n## Every trial\n\n", md_table(trials_table(report))]
     parts += [
@@ -70,7 +70,7 @@ def render_markdown(report: ReportData) -> str:
         md_table(memory_model_table(report)),
     ]
     parts += ["\n## Cost of the study\n\n", md_table(cost_table(report))]
-    parts += [f"\n{legend_line()}\n"]
+    parts += [f"\n{legend_line(report)}\n"]
     parts += ["\n## Files\n\n", "- `trials.csv`: every trial\n- `report.html`: this report with plots\n"]
     parts += [
         "- `summary.json`: the pick, its figures, the gain, the files and the launch line, for scripts\n"

@@ -14,7 +14,7 @@ from autotune.formats.rollout import RULES
 from autotune.models.names import verl_model_path
 from autotune.probe.conditions import worst_disturbance
 from autotune.search import pick
-from autotune.search.live import SHORT_NAMES
+from autotune.search.live import SHORT_NAMES, verl_short
 from autotune.search.study import describe_budget, trial_config, trial_environment, trial_status
 from autotune.status import Attr, Status
 from autotune.units import GIB
@@ -63,6 +63,11 @@ KNOB_COLUMNS = (  # short names as in the run's trial lines (search.live), expla
     ("shard", "sharding"),
     ("offload", "offload"),  # which of the three offloads, if any
 )
+VERL_COLUMN_LEGEND = (
+    " verl: verl's own knobs the configuration sets (gmu the rollout engine's share of each GPU, tp its "
+    "tensor parallel size, seqs vLLM's max_num_seqs, dyn dynamic batch size with its tokens per GPU: m, g "
+    "and lm then unread)."
+)
 OFFLOAD_NAMES = (("param_offload", "param"), ("optimizer_offload", "optim"), ("offload_policy", "policy"))
 MAX_ROWS = 40
 
@@ -77,14 +82,24 @@ def seconds(value: float) -> str:
     return f"{value / 60:.1f} min" if value >= 120 else f"{value:.1f} s"
 
 
-def knob_cells(trial: FrozenTrial) -> list[str]:
+def knob_columns(report: ReportData) -> tuple[tuple[str, str], ...]:
+    """The knob columns: a `verl` column too when some trial sets verl's own knobs (--engine verl)."""
+    configs = (trial_config(t) for t in report.trials)
+    if any(c is not None and verl_short(c) for c in configs):
+        return (*KNOB_COLUMNS, ("verl", "verl"))
+    return KNOB_COLUMNS
+
+
+def knob_cells(trial: FrozenTrial, columns: tuple[tuple[str, str], ...] = KNOB_COLUMNS) -> list[str]:
     config = trial_config(trial)
     if config is None:
-        return ["-"] * len(KNOB_COLUMNS)
-    return [_cell(config, attr) for _, attr in KNOB_COLUMNS]
+        return ["-"] * len(columns)
+    return [_cell(config, attr) for _, attr in columns]
 
 
 def _cell(config: ProbeConfig, attr: str) -> str:
+    if attr == "verl":
+        return verl_short(config) or "-"
     if attr == "offload":
         return "+".join(short for name, short in OFFLOAD_NAMES if getattr(config, name)) or "off"
     value = getattr(config, attr)
@@ -98,8 +113,9 @@ def _figures(trial: FrozenTrial) -> list[str]:
 
 
 def front_table(report: ReportData) -> Table:
+    columns = knob_columns(report)
     chosen = report.selection.chosen
-    headers = ["trial", "samples/s", "tokens/s", "peak GiB", *(h for h, _ in KNOB_COLUMNS), "seed config"]
+    headers = ["trial", "samples/s", "tokens/s", "peak GiB", *(h for h, _ in columns), "seed config"]
     rows = []
     for trial in report.selection.front:
         mark = " (chosen)" if chosen is not None and trial.number == chosen.number else ""
@@ -109,7 +125,7 @@ def front_table(report: ReportData) -> Table:
             [
                 f"#{trial.number}{mark}",
                 *_figures(trial),
-                *knob_cells(trial),
+                *knob_cells(trial, columns),
                 str(trial.user_attrs.get(Attr.SEED_CONFIG) or ""),
             ]
         )
@@ -125,6 +141,7 @@ def show(value: object) -> str:
 
 def remeasured_table(report: ReportData) -> Table:
     """Each contender re-measured before the pick: every samples/sec figure, their mean and spread."""
+    columns = knob_columns(report)
     chosen = report.selection.chosen
     headers = [
         "trial",
@@ -132,7 +149,7 @@ def remeasured_table(report: ReportData) -> Table:
         "mean",
         "spread",
         "highest peak GiB",
-        *(h for h, _ in KNOB_COLUMNS),
+        *(h for h, _ in columns),
     ]
     rows = []
     for trial, found in report.remeasured:
@@ -144,7 +161,7 @@ def remeasured_table(report: ReportData) -> Table:
                 f"{found.mean:.3f}",
                 f"{found.spread:.1%}",
                 gib(max(found.peaks)),
-                *knob_cells(trial),
+                *knob_cells(trial, columns),
             ]
         )
     return headers, rows
@@ -168,12 +185,19 @@ def remeasured_lead(report: ReportData) -> str:
 
 
 def closest_table(report: ReportData) -> Table:
-    headers = ["trial", "status", "peak GiB", "over limit GiB", *(h for h, _ in KNOB_COLUMNS)]
+    columns = knob_columns(report)
+    headers = ["trial", "status", "peak GiB", "over limit GiB", *(h for h, _ in columns)]
     rows = []
     for trial in report.selection.closest:
         over = max(0.0, trial.values[1] - report.budget.limit)
         rows.append(
-            [f"#{trial.number}", trial_status(trial), gib(trial.values[1]), gib(over), *knob_cells(trial)]
+            [
+                f"#{trial.number}",
+                trial_status(trial),
+                gib(trial.values[1]),
+                gib(over),
+                *knob_cells(trial, columns),
+            ]
         )
     return headers, rows
 
@@ -402,9 +426,10 @@ def conditions_lines(report: ReportData) -> list[str]:
 
 
 def near_miss_table(report: ReportData) -> Table:
-    headers = ["trial", "samples/s", "peak GiB", *(h for h, _ in KNOB_COLUMNS), "why it was not picked"]
+    columns = knob_columns(report)
+    headers = ["trial", "samples/s", "peak GiB", *(h for h, _ in columns), "why it was not picked"]
     rows = [
-        [f"#{miss.trial.number}", *_figures(miss.trial)[::2], *knob_cells(miss.trial), miss.why]
+        [f"#{miss.trial.number}", *_figures(miss.trial)[::2], *knob_cells(miss.trial, columns), miss.why]
         for miss in report.near_misses
     ]
     return headers, rows
@@ -412,6 +437,7 @@ def near_miss_table(report: ReportData) -> Table:
 
 def trials_table(report: ReportData) -> Table:
     """Every trial, in order: status, configuration, figures, and what else a reader needs."""
+    columns = knob_columns(report)
     headers = [
         "trial",
         "status",
@@ -419,7 +445,7 @@ def trials_table(report: ReportData) -> Table:
         "peak GiB",
         "predicted GiB",
         "seconds",
-        *(h for h, _ in KNOB_COLUMNS),
+        *(h for h, _ in columns),
         "note",
     ]
     rows = []
@@ -447,15 +473,15 @@ def trials_table(report: ReportData) -> Table:
                 gib(trial.values[1]) if done and trial.values[1] else "-",
                 gib(predicted) if predicted else "-",
                 f"{result['wall_seconds']:.0f}" if result.get("wall_seconds") else "-",
-                *knob_cells(trial),
+                *knob_cells(trial, columns),
                 "; ".join(notes),
             ]
         )
     return headers, rows
 
 
-def legend_line() -> str:
-    """The short column names, explained."""
+def legend_line(report: ReportData | None = None) -> str:
+    """The short column names, explained (the `verl` column too where the report has one)."""
     words = dict((short, text) for short, _, text in SHORT_NAMES)
     parts = [f"{short} {words.get(short, attr)}" for short, attr in KNOB_COLUMNS if short in words]
     return (
@@ -463,4 +489,5 @@ def legend_line() -> str:
         + ", ".join(parts)
         + "; ckpt gradient checkpointing; shard how the training states are split over the GPUs (replicate: "
         "every GPU holds all; full_shard / shard_grad_op: FSDP); offload which states wait on the CPU."
+        + (VERL_COLUMN_LEGEND if report is not None and len(knob_columns(report)) > len(KNOB_COLUMNS) else "")
     )

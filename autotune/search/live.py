@@ -46,10 +46,18 @@ SHORT_NAMES = (
     ("Lr", "max_response_length", "response length"),
 )
 RECIPE_SHORT = ("T", "M", "Lp", "Lr")  # shown in a trial line only when the study searches them
+VERL_SHORT = (  # verl's own knobs (--engine verl), shown when a configuration sets them
+    ("gmu", "gpu_memory_utilization", "the rollout engine's share of each GPU"),
+    ("tp", "tensor_model_parallel_size", "the rollout's tensor parallel size"),
+    ("seqs", "max_num_seqs", "vLLM's max_num_seqs"),
+)
 LEGEND = (
     "trial lines: "
     + ", ".join(f"{short} {words}" for short, _, words in SHORT_NAMES)
     + "; ckpt gradient checkpointing; shard: how the training states are split over the GPUs"
+    + "; with --engine verl: "
+    + ", ".join(f"{short} {words}" for short, _, words in VERL_SHORT)
+    + ", dyn dynamic batch size with its tokens per GPU (m, g and lm then unread)"
 )
 
 
@@ -67,6 +75,14 @@ def short_config(config: ProbeConfig, searched_recipe: Sequence[str] = ()) -> st
     parts += [
         name for name in ("param_offload", "optimizer_offload", "offload_policy") if getattr(config, name)
     ]
+    return " ".join(filter(None, [*parts, verl_short(config)]))
+
+
+def verl_short(config: ProbeConfig) -> str:
+    """`gmu0.4 seqs256 dyn4096`: verl's own knobs the configuration sets (empty when none)."""
+    parts = [f"{short}{value:g}" for short, attr, _ in VERL_SHORT if (value := getattr(config, attr))]
+    if config.use_dynamic_bsz:
+        parts.append(f"dyn{config.ppo_max_token_len_per_gpu or ''}")
     return " ".join(parts)
 
 
