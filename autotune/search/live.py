@@ -24,12 +24,14 @@ from autotune.units import GIB
 __all__ = [
     "LEGEND",
     "RUN_LOG",
+    "VERL_LEGEND",
     "Narrator",
     "eta_text",
     "probing_text",
     "reprobe_line",
     "short_config",
     "trial_line",
+    "verl_short",
 ]
 
 RUN_LOG = "run.log"
@@ -55,7 +57,9 @@ LEGEND = (
     "trial lines: "
     + ", ".join(f"{short} {words}" for short, _, words in SHORT_NAMES)
     + "; ckpt gradient checkpointing; shard: how the training states are split over the GPUs"
-    + "; with --engine verl: "
+)
+VERL_LEGEND = (  # added to LEGEND for a study probed with --engine verl
+    "; verl's own knobs, when set: "
     + ", ".join(f"{short} {words}" for short, _, words in VERL_SHORT)
     + ", dyn dynamic batch size with its tokens per GPU (m, g and lm then unread)"
 )

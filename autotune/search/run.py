@@ -10,7 +10,7 @@ from rich.console import Console
 
 from autotune.files import hold_lock, make_folder
 from autotune.report.tables import recipe_lines
-from autotune.search.live import LEGEND, RUN_LOG, Narrator
+from autotune.search.live import LEGEND, RUN_LOG, VERL_LEGEND, Narrator
 from autotune.search.loop import (
     TIME_SPENT,
     TRIALS_DONE,
@@ -97,7 +97,7 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
             narrator.say(f"enqueued the hand-made configs first: {', '.join(seeded)}", markup=False)
         for line in unfit_seed_lines(space, seeded) if fresh else []:
             narrator.say(line, markup=False)
-        narrator.say(LEGEND, markup=False)
+        narrator.say(LEGEND + (VERL_LEGEND if options.engine == "verl" else ""), markup=False)
         pending = out_dir / PENDING_FILE
         tuner = Tuner(
             study, space, settings, job.budget, job.memory_model, storage_url=storage, pending_path=pending
