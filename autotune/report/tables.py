@@ -14,7 +14,7 @@ from autotune.formats.rollout import RULES
 from autotune.models.names import verl_model_path
 from autotune.probe.conditions import worst_disturbance
 from autotune.search import pick
-from autotune.search.live import SHORT_NAMES, verl_short
+from autotune.search.live import SHORT_NAMES, VERL_WORDS, verl_short
 from autotune.search.study import describe_budget, trial_config, trial_environment, trial_status
 from autotune.status import Attr, Status
 from autotune.units import GIB
@@ -63,11 +63,7 @@ KNOB_COLUMNS = (  # short names as in the run's trial lines (search.live), expla
     ("shard", "sharding"),
     ("offload", "offload"),  # which of the three offloads, if any
 )
-VERL_COLUMN_LEGEND = (
-    " verl: verl's own knobs the configuration sets (gmu the rollout engine's share of each GPU, tp its "
-    "tensor parallel size, seqs vLLM's max_num_seqs, dyn dynamic batch size with its tokens per GPU: m, g "
-    "and lm then unread)."
-)
+VERL_COLUMN_LEGEND = f" verl: verl's own knobs the configuration sets ({VERL_WORDS})."
 OFFLOAD_NAMES = (("param_offload", "param"), ("optimizer_offload", "optim"), ("offload_policy", "policy"))
 MAX_ROWS = 40
 

@@ -25,6 +25,7 @@ __all__ = [
     "LEGEND",
     "RUN_LOG",
     "VERL_LEGEND",
+    "VERL_WORDS",
     "Narrator",
     "eta_text",
     "probing_text",
@@ -58,11 +59,11 @@ LEGEND = (
     + ", ".join(f"{short} {words}" for short, _, words in SHORT_NAMES)
     + "; ckpt gradient checkpointing; shard: how the training states are split over the GPUs"
 )
-VERL_LEGEND = (  # added to LEGEND for a study probed with --engine verl
-    "; verl's own knobs, when set: "
-    + ", ".join(f"{short} {words}" for short, _, words in VERL_SHORT)
+VERL_WORDS = (  # verl's short names explained: in the run's legend and under the report's tables
+    ", ".join(f"{short} {words}" for short, _, words in VERL_SHORT)
     + ", dyn dynamic batch size with its tokens per GPU (m, g and lm then unread)"
 )
+VERL_LEGEND = f"; verl's own knobs, when set: {VERL_WORDS}"  # added to LEGEND for an --engine verl study
 
 
 def short_config(config: ProbeConfig, searched_recipe: Sequence[str] = ()) -> str:

@@ -21,8 +21,8 @@ from autotune.config.knobs import ProbeConfig, job_of, same_job
 from autotune.memory.model import MemoryModel
 from autotune.search.outcome import Outcome
 from autotune.search.space import at_least_as_large
-from autotune.search.study import Budget, measured_ok, trial_config
-from autotune.status import MEASURED, OOM_PHASES, Attr, Status
+from autotune.search.study import Budget, measured_ok, oom_phase, trial_config
+from autotune.status import MEASURED, Attr, Status
 
 __all__ = [
     "PREDICTION_MARGINS",
@@ -114,7 +114,7 @@ def _measured_ooms(
             t.number,
             trial_config(t),
             t.user_attrs.get(Attr.PEAK_BYTES, budget.bytes),
-            OOM_PHASES.get(t.user_attrs.get(Attr.OOM_KIND)),
+            oom_phase(t),
         )
         for t in trials
         if t.user_attrs.get(Attr.STATUS) == Status.OOM

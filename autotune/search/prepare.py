@@ -318,9 +318,11 @@ def without_unmeasurable_offload(space: SearchSpace, device: str, console: Conso
 def tensor_parallel_for_heads(space: SearchSpace, actor: Any, console: Console) -> SearchSpace:
     """The searched tensor-parallel sizes that split the model's attention heads evenly (vLLM refuses to start
     with any other): the rest are left out in one line; none left is a UserError."""
+    from autotune.config.rules import head_findings
+
     heads = getattr(actor.config, "num_attention_heads", None)
     sizes = [size for size in space.knob(TP).values() if size]
-    dropped = [size for size in sizes if heads and heads % size]
+    dropped = [size for size in sizes if head_findings(size, actor)]
     if not dropped:
         return space
     kept = [size for size in sizes if size not in dropped]

@@ -42,9 +42,9 @@ from autotune.search.space import (
     sample_config,
     upgrade_params,
 )
-from autotune.search.study import Budget, config_key, measured_ok, trial_config
+from autotune.search.study import Budget, config_key, measured_ok, oom_phase, trial_config
 from autotune.search.surrogate import Observation, SpeedModel
-from autotune.status import OOM_PHASES, Attr, Status
+from autotune.status import Attr, Status
 
 __all__ = ["BOLDNESS", "MAX_CANDIDATES", "SystemSampler", "choose"]
 
@@ -146,9 +146,7 @@ def choose(
     decided or busy."""
     decided = {config_key(c) for t in trials if (c := trial_config(t)) is not None}
     walls = [  # (config, the verl training phase it ran out of memory in)
-        (c, OOM_PHASES.get(t.user_attrs.get(Attr.OOM_KIND)))
-        for t in trials
-        if _over_the_limit(t, budget) and (c := trial_config(t)) is not None
+        (c, oom_phase(t)) for t in trials if _over_the_limit(t, budget) and (c := trial_config(t)) is not None
     ]
     pool = [
         c

@@ -21,7 +21,7 @@ from autotune.errors import UserError
 from autotune.search.coordination import retry_stale_trial
 from autotune.search.space import SearchSpace, config_to_params
 from autotune.search.storage import make_storage, redact, scrub
-from autotune.status import Attr, Status, StudyAttr
+from autotune.status import OOM_PHASES, Attr, Status, StudyAttr
 from autotune.units import GIB
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "make_sampler",
     "measured_ok",
     "memory_model_error",
+    "oom_phase",
     "open_study",
     "status_counts",
     "trial_config",
@@ -142,6 +143,11 @@ def trial_config(trial: FrozenTrial) -> ProbeConfig | None:
 def trial_environment(trial: FrozenTrial) -> dict[str, Any]:
     """What the trial's probe recorded of its machine (versions, GPU, the load: probe.conditions)."""
     return (trial.user_attrs.get(Attr.RESULT) or {}).get("environment") or {}
+
+
+def oom_phase(trial: FrozenTrial) -> str | None:
+    """The phase of verl's training the trial ran out of memory in (`status.OOM_PHASES`), when known."""
+    return OOM_PHASES.get(trial.user_attrs.get(Attr.OOM_KIND))
 
 
 def config_key(config: ProbeConfig) -> str:
