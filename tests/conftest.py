@@ -57,6 +57,14 @@ def _no_processes(item: pytest.Item) -> Iterator[None]:
         yield
 
 
+def pytest_sessionstart(session):
+    """matplotlib builds its font cache on first import and asks `fc-list` for the system's fonts where
+    fontconfig is installed (Debian's chromium brings it): a process, which the fast tier refuses inside a
+    test. Build the cache once, here, before any test runs."""
+    with contextlib.suppress(ImportError):
+        import matplotlib.font_manager  # noqa: F401
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     with _no_processes(item):
