@@ -36,6 +36,11 @@ class Status:
 # that score the rollout; OOM_PHASES names the phase of each
 UPDATE_OOM, SCORING_OOM = "cuda_update", "cuda_scoring"
 OOM_PHASES = {UPDATE_OOM: "update", SCORING_OOM: "scoring"}
+# The `oom_kind` of a CUDA OOM of verl's rollout engine: vLLM's sleep-mode allocator failing to map its pool
+# back when it wakes up beside the trainer's memory, or an OOM in the vLLM server or its engine while it
+# generates. Not in OOM_PHASES on purpose: the engine is awake then, so every knob counts, the rollout share
+# and max_num_seqs included (study.oom_phase reads None, as for any other OOM)
+ROLLOUT_OOM = "cuda_rollout"
 
 PROBE_STATUSES = (Status.OK, Status.OOM, Status.TIMEOUT, Status.CRASHED)
 MEASURED = (Status.OK, Status.OOM, Status.TIMEOUT)  # a probe ran and its figures are properties of the config

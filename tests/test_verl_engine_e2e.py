@@ -7,8 +7,10 @@ bench/verl_check.py's job."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,12 +20,15 @@ pytestmark = pytest.mark.e2e
 STAND_IN = REPO / "tests" / "fake_verl"
 
 
-def autotune(*args: str, script: str = "", timeout: float = 300) -> subprocess.CompletedProcess:
+def autotune(
+    *args: str, script: str = "", timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """The real command line with the stand-in verl importable (and its script, if any)."""
-    return run_cli(*args, timeout=timeout, env={"PYTHONPATH": str(STAND_IN), "AUTOTUNE_FAKE_VERL": script})
+    stand_in = {"PYTHONPATH": str(STAND_IN), "AUTOTUNE_FAKE_VERL": script}
+    return run_cli(*args, timeout=timeout, env={**stand_in, **(env or {})})
 
 
-def probe(*args: str, script: str = "") -> tuple[int, dict]:
+def probe(*args: str, script: str = "", env: dict | None = None) -> tuple[int, dict]:
     proc = autotune(
         "probe",
         "--engine",
@@ -35,6 +40,7 @@ def probe(*args: str, script: str = "") -> tuple[int, dict]:
         "--json",
         *args,
         script=script,
+        env=env,
     )
     assert proc.stdout.strip(), proc.stderr[-3000:]
     return proc.returncode, json.loads(proc.stdout)
@@ -78,6 +84,61 @@ def test_a_hung_run_times_out_and_leaves_no_process_behind():
 def test_a_run_that_ends_without_its_steps_is_a_crash(script, said):
     code, result = probe(script=script)
     assert code == 1 and result["status"] == "crashed" and said in result["message"], result
+
+
+def test_a_failed_generation_stops_as_a_crash_not_as_ok():
+    """verl 0.9.1, sync_refill_failed_groups off (the probe pins it), pads the failed generation's samples and
+    finishes its steps: not a measurement of the configuration."""
+    code, result = probe(script="gen-fail")
+    assert code == 1 and result["status"] == "crashed", result
+    assert result["message"].startswith("verl: a generation failed, so its step would not train on every")
+    assert "ValueError: the stand-in's generation failed" in result["message"]
+
+
+@pytest.mark.parametrize(
+    ("script", "status", "kind"),
+    [("gen-fail,stuck", "crashed", None), ("gen-fail,stuck,oom", "oom", "cuda_rollout")],
+)
+def test_a_generation_refilled_without_end_is_stopped_and_classified(script, status, kind):
+    """A sampler that refills the failed prompts forever (replay_buffer.py:465-467) would run to the probe's
+    timeout; the backend stops it a few seconds after verl's first report of the failure."""
+    code, result = probe("--timeout", "120", script=script)
+    assert code == 1 and (result["status"], result["oom_kind"]) == (status, kind), result
+    assert result["wall_seconds"] < 60 and result["environment"]["stopped"] == "a generation failed"
+    if kind:
+        assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.20 GiB" in result["message"]
+
+
+def fake_cluster(tmp_path: Path) -> Path:
+    """A `ray start` cluster's address file where Ray looks for it: $RAY_TMPDIR/ray/ray_current_cluster
+    (ray/_common/utils.py:327-349), never the real /tmp/ray. Nothing answers at the address."""
+    recorded = tmp_path / "raytmp" / "ray" / "ray_current_cluster"
+    recorded.parent.mkdir(parents=True)
+    recorded.write_text("127.0.0.1:6379")
+    return tmp_path / "raytmp"
+
+
+def test_the_stand_in_joins_a_recorded_cluster_as_ray_init_does(tmp_path):
+    """The control: without an address, ray.init (here the stand-in's) joins the cluster the file names."""
+    env = {**os.environ, "PYTHONPATH": str(STAND_IN), "RAY_TMPDIR": str(fake_cluster(tmp_path))}
+    env.pop("RAY_ADDRESS", None)
+    argv = [sys.executable, "-m", "verl.trainer.main_ppo", "data.train_files=none"]
+    joined = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert joined.returncode == 1
+    assert "Connecting to existing Ray cluster at address: 127.0.0.1:6379" in joined.stdout
+    local = subprocess.run(
+        [*argv, "+ray_kwargs.ray_init.address=local"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert "Connecting to existing" not in local.stdout  # it went on (to fail on the missing data file)
+
+
+def test_a_probe_starts_its_own_ray_and_never_joins_one(tmp_path):
+    ray_tmpdir = fake_cluster(tmp_path)
+    env = {"RAY_TMPDIR": str(ray_tmpdir), "RAY_ADDRESS": "127.0.0.1:6379"}
+    code, result = probe(env=env)
+    assert code == 0 and result["status"] == "ok", result
+    # its Ray lived in the probe's folder: nothing written beside the cluster's address file
+    assert sorted(p.name for p in (ray_tmpdir / "ray").iterdir()) == ["ray_current_cluster"]
 
 
 def test_a_wrong_verl_python_is_one_line_and_exit_2(tmp_path):

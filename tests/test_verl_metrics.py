@@ -19,7 +19,7 @@ from autotune.probe.verl.metrics import (
     phase_of,
     summarise,
 )
-from autotune.status import SCORING_OOM, UPDATE_OOM, Status
+from autotune.status import OOM_PHASES, ROLLOUT_OOM, SCORING_OOM, UPDATE_OOM, Status
 from autotune.units import GIB
 
 CYAN, RESET_ALL, FORE_RESET = "\x1b[36m", "\x1b[0m", "\x1b[39m"
@@ -437,9 +437,123 @@ def test_vague_words_are_not_evidence():
 
 
 def test_a_cuda_oom_outside_a_training_task_is_not_a_training_oom():
-    """Where the rollout engine holds its pool (generation, the vLLM server), the share counts."""
+    """Where the rollout engine holds its pool (generation, the vLLM server), the share counts: a rollout
+    OOM, which names no training phase (study.oom_phase reads None for it, as for "cuda")."""
     tail = (
         "ray.exceptions.RayTaskError(OutOfMemoryError): ray::vLLMHttpServer.generate() "
         "(pid=7, ip=10.0.0.1)\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB."
     )
-    assert classify_run(1, False, 1, 3, tail)[:2] == (Status.OOM, "cuda")
+    assert classify_run(1, False, 1, 3, tail)[:2] == (Status.OOM, ROLLOUT_OOM)
+    assert ROLLOUT_OOM not in OOM_PHASES
+    outside = tail.replace("ray::vLLMHttpServer.generate()", "ray::RewardLoopWorker.compute_score()")
+    assert classify_run(1, False, 1, 3, outside)[:2] == (Status.OOM, "cuda")
+
+
+# vLLM's sleep-mode allocator failing to map the rollout's memory back as verl wakes the engine for a step
+# (vllm_async_server.py:832-849 wake_up -> AsyncLLM.wake_up -> the engine core's CuMemAllocator.wake_up).
+# The C extension's CUDA_CHECK macro formats `CUDA Error: %s at %s:%d` with cuGetErrorString's "out of
+# memory" and prints it to stderr, and python_create_and_map raises it as a RuntimeError (vLLM
+# csrc/cumem_allocator.cpp, CUDA_CHECK ll. 62-73 and create_and_map's cuMemCreate at l. 111, vllm-project/vllm
+# 0035e224); CuMemAllocator.wake_up logs "Failed to wake up allocator: %s. Rolling back %d successfully mapped
+# allocations." and re-raises (vllm/device_allocator/cumem.py); the engine core logs "Invocation of %s method
+# failed" and answers "Call to {method_name} method failed: {e}", which the client raises as an Exception
+# (vllm/v1/engine/core.py, _handle_client_request), through verl's vLLMHttpServer.wake_up and Ray.
+WAKE_UP_OOM_TAIL = f"""\
+(vLLMHttpServer pid=3012) (EngineCore_DP0 pid=3201) CUDA Error: out of memory at \
+/workspace/csrc/cumem_allocator.cpp:111
+(vLLMHttpServer pid=3012) (EngineCore_DP0 pid=3201) ERROR 05-02 10:11:12 [cumem.py:262] Failed to wake \
+up allocator: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:111. Rolling back 37 \
+successfully mapped allocations.
+(vLLMHttpServer pid=3012) (EngineCore_DP0 pid=3201) ERROR 05-02 10:11:12 [core.py:1187] Invocation of \
+wake_up method failed
+(vLLMHttpServer pid=3012) (EngineCore_DP0 pid=3201) RuntimeError: CUDA Error: out of memory at \
+/workspace/csrc/cumem_allocator.cpp:111
+Error executing job with overrides: ['algorithm.adv_estimator=grpo']
+ray.exceptions.RayTaskError(Exception): {CYAN}ray::TaskRunnerV1.run(){FORE_RESET} (pid=2134, ip=10.0.0.5)
+ray.exceptions.RayTaskError(Exception): ray::vLLMHttpServer.wake_up() (pid=3012, ip=10.0.0.5)
+Exception: Call to wake_up method failed: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:111
+"""
+
+# Ray >= 2.55's memory monitor killing an actor's worker (verl's WorkerDict): the raylet's format string
+# `%d worker(s) were killed due to the node running low on memory. %s` (ray 2.60.0's raylet binary, from
+# src/ray/raylet/node_manager.cc; the example in Ray's doc/source/ray-core/scheduling/ray-oom-prevention.rst)
+# is the worker's exit detail, which the GCS wraps as "The actor is dead because its worker process has died.
+# Worker exit type: NODE_OUT_OF_MEMORY Worker exit detail: ..." (ray 2.60.0's gcs_server) and the driver
+# raises as ActorDiedError, the class name and the death cause's message on their own lines
+# (ray/exceptions.py:456-522, ray/_private/serialization.py:409-422).
+ACTOR_HOST_OOM_TAIL = f"""\
+ray.exceptions.RayTaskError(ActorDiedError): {CYAN}ray::TaskRunnerV1.run(){FORE_RESET} (pid=2134, ip=10.0.0.5)
+  File "/venv/lib/python3.11/site-packages/verl/single_controller/ray/base.py", line 56, in __call__
+    output = ray.get(output)
+ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.
+\tclass_name: create_colocated_worker_cls.<locals>.WorkerDict
+\tactor_id: 9be2d4c1e0a7f3b2c9d8e7f601000000
+\tpid: 2301
+\tip: 10.0.0.5
+The actor is dead because its worker process has died. Worker exit type: NODE_OUT_OF_MEMORY Worker exit \
+detail: 1 worker(s) were killed due to the node running low on memory. Memory on the node (IP: 10.0.0.5, ID: \
+4c1e) was 120.51GB / 125.80GB (0.957952), which exceeds the memory usage threshold of 0.95.
+"""
+
+
+def test_vllm_wake_up_oom_is_a_rollout_oom():
+    status, kind, message = classify_run(1, False, 1, 3, WAKE_UP_OOM_TAIL)
+    assert (status, kind) == (Status.OOM, ROLLOUT_OOM)
+    assert message.startswith("vLLM's sleep-mode allocator ran out of GPU memory")
+    assert message.endswith("CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:111")
+    assert classify_run(None, True, 1, 3, WAKE_UP_OOM_TAIL)[:2] == (Status.OOM, ROLLOUT_OOM)
+
+
+def test_ray_kills_an_actor_for_host_memory_inside_actor_died_error():
+    status, kind, message = classify_run(1, False, 0, 3, ACTOR_HOST_OOM_TAIL)
+    assert (status, kind) == (Status.OOM, "host")
+    assert "1 worker(s) were killed due to the node running low on memory" in message
+
+
+# verl's V1 agent loop worker on a failed generation (verl/trainer/ppo/v1/agent_loop_tq.py:133-140,
+# `logger.error(f"Error in _run_prompt for uid={uid}", exc_info=...)`), forwarded by Ray, after the vLLM
+# engine core died of a CUDA OOM (vllm/v1/engine/core.py, run_engine_core: "EngineCore encountered a fatal
+# error."; EngineDeadError's message from vllm/v1/engine/exceptions.py).
+GENERATION_OOM_TAIL = f"""\
+(vLLMHttpServer pid=3012) (EngineCore_DP0 pid=3201) ERROR 05-02 10:11:12 [core.py:710] EngineCore \
+encountered a fatal error.
+(vLLMHttpServer pid=3012) (EngineCore_DP0 pid=3201) ERROR 05-02 10:11:12 [core.py:710] \
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.20 GiB. GPU 0 has a total capacity of \
+139.72 GiB of which 0.81 GiB is free.
+{CYAN}(AgentLoopWorkerTQ pid=2410){RESET_ALL} Error in _run_prompt for uid=3f2a9c
+{CYAN}(AgentLoopWorkerTQ pid=2410){RESET_ALL} Traceback (most recent call last):
+{CYAN}(AgentLoopWorkerTQ pid=2410){RESET_ALL}   File "/venv/lib/python3.11/site-packages/verl/experimental/\
+agent_loop/single_turn_agent_loop.py", line 67, in run
+{CYAN}(AgentLoopWorkerTQ pid=2410){RESET_ALL} ray.exceptions.RayTaskError(EngineDeadError): \
+ray::vLLMHttpServer.generate() (pid=3012, ip=10.0.0.5)
+{CYAN}(AgentLoopWorkerTQ pid=2410){RESET_ALL} vllm.v1.engine.exceptions.EngineDeadError: EngineCore \
+encountered an issue. See stack trace (above) for the root cause.
+"""
+GENERATION_FAILED_TAIL = """\
+(AgentLoopWorkerTQ pid=2410) Error in _run_prompt for uid=3f2a9c
+(AgentLoopWorkerTQ pid=2410) Traceback (most recent call last):
+(AgentLoopWorkerTQ pid=2410)   File "/venv/lib/python3.11/site-packages/verl/experimental/agent_loop/\
+agent_loop.py", line 470, in _run_agent_loop
+(AgentLoopWorkerTQ pid=2410) ValueError: the prompt's tools are not registered
+"""
+
+
+def test_a_failed_generation_is_a_crash_even_when_the_run_completes():
+    """verl pads the missing samples and trains on (replay_buffer.py:111-113): its figures are not the
+    configuration's, so exit 0 with every step is still not ok."""
+    complete = GENERATION_FAILED_TAIL + CONSOLE
+    status, kind, message = classify_run(0, False, 3, 3, complete)
+    assert (status, kind) == (Status.CRASHED, None)
+    assert message == (
+        "verl: a generation failed, so its step would not train on every sample: "
+        "ValueError: the prompt's tools are not registered"
+    )
+    assert classify_run(None, False, 0, 3, GENERATION_FAILED_TAIL)[0] == Status.CRASHED  # stopped by us
+    said = classify_run(1, False, 0, 3, "(AgentLoopWorkerTQ pid=1) Error in _run_prompt: KeyError: 'uid'")[2]
+    assert said.endswith("every sample: KeyError: 'uid'")
+
+
+def test_a_generation_that_failed_of_an_oom_is_a_rollout_oom():
+    status, kind, message = classify_run(None, False, 0, 3, GENERATION_OOM_TAIL)
+    assert (status, kind) == (Status.OOM, ROLLOUT_OOM)  # the OOM line came from vLLM's engine core
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.20 GiB" in message

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "machine_busy_seconds",
     "other_cores",
     "tree_cpu_seconds",
+    "visible_gpus",
     "worst_disturbance",
 ]
 
@@ -115,9 +117,83 @@ def other_cores(windows: list[dict[str, Any] | None]) -> float | None:
     return round(max(0.0, (machine - own) / wall), 2)
 
 
+def _nvml_uuids(pynvml: Any) -> Iterator[tuple[str, Any]]:
+    """(UUID, handle) of every GPU NVML sees and of every MIG device on them (`GPU-...`, `MIG-...`)."""
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        gpu = pynvml.nvmlDeviceGetHandleByIndex(index)
+        yield _text(pynvml.nvmlDeviceGetUUID(gpu)), gpu
+        slots = 0
+        with contextlib.suppress(Exception):  # NVML_ERROR_NOT_SUPPORTED: no MIG on this GPU
+            slots = pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu)
+        for slot in range(slots):
+            with contextlib.suppress(Exception):  # NVML_ERROR_NOT_FOUND: an empty slot
+                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot)
+                yield _text(pynvml.nvmlDeviceGetUUID(mig)), mig
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _nvml_handle(pynvml: Any, entry: str) -> Any | None:
+    """The NVML handle of one CUDA_VISIBLE_DEVICES entry, None when it names no device: an index, a GPU or
+    MIG UUID (nvmlDeviceGetHandleByUUID takes both, a MIG UUID giving the MIG device's handle), or, as CUDA
+    accepts, the start of one that no other device's UUID shares."""
+    if entry.isdigit():
+        index = int(entry)
+        return pynvml.nvmlDeviceGetHandleByIndex(index) if index < pynvml.nvmlDeviceGetCount() else None
+    if not entry.startswith(("GPU-", "MIG-")):
+        return None
+    with contextlib.suppress(Exception):
+        return pynvml.nvmlDeviceGetHandleByUUID(entry)
+    matches = [handle for uuid, handle in _nvml_uuids(pynvml) if uuid.startswith(entry)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def visible_gpus(pynvml: Any, visible_devices: str | None) -> list[tuple[str, Any]]:
+    """(entry, NVML handle) of each device CUDA_VISIBLE_DEVICES makes visible, in its order; every GPU NVML
+    sees when it is unset or empty. Indices, UUIDs (`GPU-...`) and MIG devices (`MIG-...`) alike; like
+    CUDA, an entry that names no device hides it and every entry after it (CUDA C++ Programming Guide, "CUDA
+    Environment Variables"). NVML must be initialised."""
+    entries = [item.strip() for item in (visible_devices or "").split(",") if item.strip()]
+    if not entries:
+        return [(str(i), pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+    found = []
+    for entry in entries:
+        handle = _nvml_handle(pynvml, entry)
+        if handle is None:
+            break
+        found.append((entry, handle))
+    return found
+
+
+def _gpu_index(pynvml: Any, handle: Any, fallback: int) -> int:
+    """NVML's index of the GPU a handle is on (a MIG device's parent GPU), else `fallback`."""
+    with contextlib.suppress(Exception):
+        if pynvml.nvmlDeviceIsMigDeviceHandle(handle):
+            handle = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+    with contextlib.suppress(Exception):
+        return int(pynvml.nvmlDeviceGetIndex(handle))
+    return fallback
+
+
+def _gpu_use(pynvml: Any, position: int, entry: str, handle: Any) -> dict[str, Any]:
+    """What one device held and how busy it was; utilisation None where NVML has none (a MIG device)."""
+    utilization = None
+    with contextlib.suppress(Exception):
+        utilization = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    use = {
+        "index": _gpu_index(pynvml, handle, position),
+        "used_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(handle).used),
+        "utilization": utilization,
+    }
+    return use if entry.isdigit() else {**use, "device": entry}
+
+
 def gpu_others(visible_devices: str | None) -> list[dict[str, Any]] | None:
     """Memory and utilisation of the slot's GPUs before the probe's ranks exist (NVML, no CUDA context in
-    the tuner): all of it belongs to other processes. None without NVML."""
+    the tuner): all of it belongs to other processes. None without NVML. A slot given by UUID or MIG device
+    (`visible_gpus`) records the entry as `device` beside its GPU's index."""
     try:
         import pynvml
 
@@ -125,20 +201,8 @@ def gpu_others(visible_devices: str | None) -> list[dict[str, Any]] | None:
     except Exception:  # no NVML (a CPU machine or no driver)
         return None
     try:
-        count = pynvml.nvmlDeviceGetCount()
-        wanted = [item.strip() for item in (visible_devices or "").split(",") if item.strip()]
-        indices = [int(item) for item in wanted if item.isdigit()] or list(range(count))
-        found = []
-        for index in indices:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            found.append(
-                {
-                    "index": index,
-                    "used_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(handle).used),
-                    "utilization": float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
-                }
-            )
-        return found
+        devices = visible_gpus(pynvml, visible_devices)
+        return [_gpu_use(pynvml, position, *device) for position, device in enumerate(devices)]
     except Exception:
         return None
     finally:
@@ -167,9 +231,9 @@ def disturbance(environment: dict[str, Any], cores: int | None = None) -> str:
     if busy is not None and busy >= max(OTHER_CORES_FLOOR, OTHER_CORES_SHARE * cores):
         said.append(f"other work kept {busy:.1f} of {cores} cores busy")
     for gpu in load.get("gpus") or []:
-        if gpu["used_bytes"] > GPU_OTHER_BYTES or gpu["utilization"] > GPU_OTHER_UTILIZATION:
-            said.append(
-                f"GPU {gpu['index']} had {gpu['used_bytes'] / GIB:.1f} GiB and {gpu['utilization']:.0f}% "
-                f"in use by others"
-            )
+        busy_gpu = gpu.get("utilization")
+        if gpu["used_bytes"] > GPU_OTHER_BYTES or (busy_gpu or 0.0) > GPU_OTHER_UTILIZATION:
+            name = f"GPU {gpu['index']}" + (f" ({gpu['device']})" if gpu.get("device") else "")
+            shown = f" and {busy_gpu:.0f}%" if busy_gpu is not None else ""
+            said.append(f"{name} had {gpu['used_bytes'] / GIB:.1f} GiB{shown} in use by others")
     return "; ".join(said)

@@ -11,25 +11,33 @@ GPUs' memory is back where it was.
 The figures: samples/sec and the phases from verl's `timing_s/*` of the steps after the warm-up; the peak is
 the larger of verl's allocator figure (the training worker's) and the NVML peak of the slot's GPUs less what
 they held before the probe (vLLM's pool lives in other processes, which only NVML sees).
+
+While verl runs, its output is watched for a failed generation (failures.GENERATION_FAILED): the step would
+train on fewer samples, or verl's sync trainer would refill the prompts until the timeout, so the run is
+stopped GENERATION_GRACE_SECONDS later (time for the traceback and its cause to arrive) and classified as
+the crash, or the OOM, it is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from autotune.config.knobs import ProbeConfig
 from autotune.models.names import verl_model_path
-from autotune.probe.conditions import gpu_others, load_average
+from autotune.probe.conditions import gpu_others, load_average, visible_gpus
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.probe.verl import failures, metrics
-from autotune.probe.verl.command import VerlRun, verl_run
-from autotune.probe.verl.dataset import write_dataset
+from autotune.probe.verl.command import RAY_DIR, VerlRun, verl_run
+from autotune.probe.verl.dataset import TokenCounter, chat_counter, write_dataset
 from autotune.status import Status
 
 __all__ = ["GpuWatch", "run_verl_probe"]
@@ -38,6 +46,10 @@ LOG_FILE = "verl.log"
 TAIL_CHARS = 4000
 SETTLE_SECONDS = 60.0  # at most this long for a killed run's GPU memory to come back
 SETTLE_SLACK_BYTES = 512 * 1024**2  # back "where it was" within a CUDA context's worth
+GENERATION_GRACE_SECONDS = 5.0  # after verl reports a failed generation, for its traceback to arrive
+# Ray's Unix sockets live under its temp dir, `<dir>/session_<date>_<time>_<us>_<pid>/sockets/plasma_store`:
+# at most 107 bytes on Linux (ray/_private/utils.py validate_socket_filepath), some 64 of them Ray's own
+RAY_SOCKET_ROOM = 107 - 64
 
 
 class GpuWatch:
@@ -56,9 +68,7 @@ class GpuWatch:
             import pynvml
 
             pynvml.nvmlInit()
-            wanted = [d.strip() for d in (visible_devices or "").split(",") if d.strip().isdigit()]
-            indices = [int(d) for d in wanted] or list(range(pynvml.nvmlDeviceGetCount()))
-            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
+            self.handles = [handle for _, handle in visible_gpus(pynvml, visible_devices)]
             self.baseline = self.used()
             self.peak = list(self.baseline)
             self.card_bytes = (
@@ -105,7 +115,7 @@ def run_verl_probe(
     if not settings.verl_python:
         raise ValueError("the verl engine needs settings.verl_python (autotune --verl-python PATH)")
     watch = GpuWatch(settings.visible_devices)
-    with tempfile.TemporaryDirectory(prefix="autotune-verl-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="autotune-verl-", dir=_probe_root()) as tmp:
         run_dir = Path(tmp)
         steps = settings.warmup_iterations + settings.iterations
         run = verl_run(
@@ -123,22 +133,29 @@ def run_verl_probe(
             resident_bytes=None,
             visible_devices=settings.visible_devices,
         )
-        write_dataset(run.train_path, run.prompts, config.max_prompt_length, _token_counter(settings))
+        write_dataset(run.train_path, run.prompts, config.max_prompt_length, _prompt_counter(settings))
         # What others held of the slot's GPUs and the load before the run (other_cores needs the ranks' own
         # CPU time, which verl's Ray workers do not report: None here)
         load = {"other_cores": None, "cores": os.cpu_count(), "load_1m_start": load_average()}
         gpus = gpu_others(settings.visible_devices) if settings.device == "cuda" else None
         started = time.monotonic()
-        timed_out, code = _launch(run, run_dir, settings.timeout_seconds, cancel, watch.start())
+        ending = _launch(run, run_dir, settings.timeout_seconds, cancel, watch.start())
         wall = time.monotonic() - started
         load.update(load_1m_end=load_average(), **({"gpus": gpus} if gpus is not None else {}))
         device_peak = watch.stop()
         watch.settle()
         log_text = (run_dir / LOG_FILE).read_text(errors="replace")
         metrics_text = run.metrics_path.read_text(errors="replace") if run.metrics_path.exists() else None
-    result = _result(config, settings, run, code, timed_out, wall, device_peak, log_text, metrics_text)
+    result = _result(config, settings, run, ending, wall, device_peak, log_text, metrics_text)
     result.environment["load"] = load
     return result
+
+
+def _probe_root() -> str | None:
+    """Where the probe's folder goes: the system's temp dir, or /tmp when that is too long a path for the
+    Unix sockets of the Ray instance that lives inside the folder (command.RAY_DIR)."""
+    room = len(os.path.join(tempfile.gettempdir(), "autotune-verl-xxxxxxxx", RAY_DIR))
+    return None if room <= RAY_SOCKET_ROOM or not os.access("/tmp", os.W_OK) else "/tmp"
 
 
 def _model_path(model: str) -> str:
@@ -149,24 +166,72 @@ def _model_path(model: str) -> str:
     return verl_model_path(model) or model
 
 
-def _token_counter(settings: ProbeSettings):
-    """The model's own tokenizer where it has one (a local directory), else None (words stand in)."""
-    path = Path(settings.model).expanduser()
-    if not path.is_dir():
+def _prompt_counter(settings: ProbeSettings) -> TokenCounter | None:
+    """Counts a prompt's tokens as verl renders it, with the model's tokenizer and chat template; None
+    without them (the dataset's fallback, see autotune.probe.verl.dataset)."""
+    tokenizer = _tokenizer(settings.model, settings.trust_remote_code)
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return None  # verl's agent loop cannot render a prompt without a chat template either
+    return chat_counter(tokenizer)
+
+
+def _tokenizer(model: str, trust_remote_code: bool) -> Any | None:
+    """The tokenizer verl loads for `model`, offline: a local folder's, or a hub id's when the local
+    Hugging Face cache already holds it (after a verl run on this machine); None otherwise."""
+    path = Path(model).expanduser()
+    source = str(path.resolve()) if path.is_dir() else verl_model_path(model)
+    if source is None:
         return None
     with contextlib.suppress(Exception):
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=settings.trust_remote_code)
-        return lambda text: len(tokenizer(text)["input_ids"])
+        return AutoTokenizer.from_pretrained(
+            source, local_files_only=True, trust_remote_code=trust_remote_code
+        )
     return None
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a verl run ended: its exit code (None when killed), and why we killed it, if we did."""
+
+    code: int | None
+    timed_out: bool = False
+    generation_failed: bool = False  # stopped GENERATION_GRACE_SECONDS after verl reported one
+
+
+class LogWatch:
+    """Reads the run's output as it grows and notes when verl first reports a failed generation."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""  # the last line, until its newline arrives
+        self.failed_at: float | None = None
+
+    def poll(self) -> None:
+        if self.failed_at is not None:
+            return
+        chunk = b""
+        with contextlib.suppress(OSError), self.path.open("rb") as log:
+            log.seek(self.offset)
+            chunk = log.read()
+        self.offset += len(chunk)
+        # a progress bar's carriage returns end lines too, so that the unfinished one stays short
+        *lines, self.partial = re.split(rb"[\r\n]", self.partial + chunk)
+        if any(failures.reports_failed_generation(line.decode(errors="replace")) for line in lines):
+            self.failed_at = time.monotonic()
+
+    def stop_now(self) -> bool:
+        """A generation failed and its grace has passed."""
+        return self.failed_at is not None and time.monotonic() - self.failed_at >= GENERATION_GRACE_SECONDS
 
 
 def _launch(
     run: VerlRun, run_dir: Path, timeout: float, cancel: threading.Event | None, watch: GpuWatch
-) -> tuple[bool, int | None]:
-    """Run verl in its own session until it exits, the deadline passes or `cancel` is set; the whole process
-    group is killed in any case (Ray's workers, vLLM's engine); returns (timed out, exit code)."""
+) -> Ending:
+    """Run verl in its own session until it exits, the deadline passes, `cancel` is set or a generation
+    failed (LogWatch); the whole process group is killed in any case (Ray's workers, vLLM's engine)."""
     env = {k: v for k, v in os.environ.items() if k not in run.unset}
     env.update(run.env)
     with (run_dir / LOG_FILE).open("wb") as log:
@@ -179,28 +244,31 @@ def _launch(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    deadline, timed_out = time.monotonic() + timeout, False
+    deadline, output = time.monotonic() + timeout, LogWatch(run_dir / LOG_FILE)
+    timed_out = stopped = False
     try:
         while proc.poll() is None:
+            output.poll()
             if cancel is not None and cancel.is_set():
                 break
-            if time.monotonic() >= deadline:
-                timed_out = True
+            timed_out = time.monotonic() >= deadline
+            stopped = output.stop_now()
+            if timed_out or stopped:
                 break
             time.sleep(0.1)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 9)
         proc.wait()
-    return timed_out, None if timed_out else proc.returncode
+    killed = timed_out or stopped
+    return Ending(None if killed else proc.returncode, timed_out=timed_out, generation_failed=stopped)
 
 
 def _result(
     config: ProbeConfig,
     settings: ProbeSettings,
     run: VerlRun,
-    code: int | None,
-    timed_out: bool,
+    ending: Ending,
     wall: float,
     device_peak: int,
     log_text: str,
@@ -209,7 +277,9 @@ def _result(
     steps = metrics.merge_steps(metrics.parse_file_log(metrics_text or ""), metrics.parse_console(log_text))
     figures = metrics.summarise(steps, run.steps, config.train_batch_size, settings.warmup_iterations)
     seen = run.steps - len(figures.missing)
-    status, oom_kind, message = failures.classify_run(code, timed_out, seen, run.steps, log_text)
+    status, oom_kind, message = failures.classify_run(
+        ending.code, ending.timed_out, seen, run.steps, log_text
+    )
     peak = max(device_peak, figures.allocated_peak_bytes or 0, figures.reserved_peak_bytes or 0)
     result = ProbeResult(
         status=status,
@@ -223,6 +293,8 @@ def _result(
         peak_memory_source="nvml-device" if device_peak >= peak and device_peak else "verl-allocator",
         environment={"engine": "verl", "verl_python": settings.verl_python, "steps_seen": seen},
     )
+    if ending.generation_failed:
+        result.environment["stopped"] = "a generation failed"
     if status == Status.OK:
         result.samples_per_sec = figures.samples_per_sec
         result.tokens_per_sec = figures.tokens_per_sec

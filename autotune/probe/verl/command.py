@@ -16,12 +16,23 @@ The short-run keys, each with where verl 0.9.1 reads it (paths under site-packag
   (`VERL_FILE_LOGGER_PATH`, utils/tracking.py:529-548; the TaskRunner actor does not run in our folder);
 - `actor_rollout_ref.rollout.ignore_eos=True`: every response runs to max_response_length, as the built-in
   probe's do (workers/rollout/vllm_rollout/vllm_async_server.py:624);
-- `data.filter_overlong_prompts=False`: the prompts are longer than max_prompt_length on purpose; the agent
-  loop cuts each to exactly that length (experimental/agent_loop/agent_loop.py:437-446);
+- `data.filter_overlong_prompts=False`: without the model's tokenizer the prompts are longer than
+  max_prompt_length on purpose; the agent loop cuts each to exactly that length
+  (experimental/agent_loop/agent_loop.py:437-446; autotune.probe.verl.dataset);
+- `trainer.v1.sampler.sync_refill_failed_groups=False` (its default, ppo_trainer.yaml:305-306), pinned: with
+  it on, verl's sync ReplayBuffer refills the prompts of a failed generation in a loop until one succeeds
+  (trainer/ppo/v1/replay_buffer.py:330-334, 465-467); off, it trains on what is left, which the backend
+  stops and classifies (autotune.probe.verl.failures.GENERATION_FAILED);
+- `+ray_kwargs.ray_init.address=local` and `+ray_kwargs.ray_init._temp_dir=<probe folder>/ray`, passed to
+  `ray.init` (trainer/main_ppo.py:57-74): "local" always starts a new Ray instance (ray/_private/
+  services.py:686-707, `canonicalize_bootstrap_address`, ray 2.60), where no address would join the cluster
+  a `ray start` recorded in `<temp dir>/ray_current_cluster` (services.py:413-464, ray/_common/utils.py:
+  327-349: the temp dir is $RAY_TMPDIR/ray, else $TMPDIR/ray, else /tmp/ray), whose workers the slot's
+  CUDA_VISIBLE_DEVICES and the probe's kill would miss; the temp dir keeps its sockets, logs and
+  session_latest link out of the machine's /tmp/ray and goes with the probe's folder;
 - `hydra.run.dir`: Hydra's output folder inside the probe's, not the working directory.
 The environment: `RAY_DEDUP_LOGS=0` and `RAY_COLOR_PREFIX=0` (every worker's line, without colour codes),
-`RAY_ADDRESS` removed (a fresh local Ray, never a cluster that outlives the probe), the slot's
-`CUDA_VISIBLE_DEVICES`.
+`RAY_ADDRESS` removed too (the address above already overrides it), the slot's `CUDA_VISIBLE_DEVICES`.
 """
 
 from __future__ import annotations
@@ -33,10 +44,11 @@ from autotune.config.knobs import ProbeConfig
 from autotune.formats.rollout import rollout_engine
 from autotune.formats.verl import format_value, verl_overrides
 
-__all__ = ["VerlRun", "short_run_overrides", "verl_run"]
+__all__ = ["RAY_DIR", "VerlRun", "short_run_overrides", "verl_run"]
 
 METRICS_FILE = "metrics.jsonl"
 TRAIN_FILE = "train.parquet"
+RAY_DIR = "ray"  # the probe's own Ray instance's temp dir, inside the probe's folder
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,7 @@ def short_run_overrides(steps: int, run_dir: Path) -> dict[str, object]:
         "data.train_files": train,
         "data.val_files": train,  # always loaded, never used with validation off (trainer_base.py:718-725)
         "data.filter_overlong_prompts": False,
+        "trainer.v1.sampler.sync_refill_failed_groups": False,
         "actor_rollout_ref.rollout.ignore_eos": True,
         "trainer.total_training_steps": steps,
         "trainer.total_epochs": steps,
@@ -72,6 +85,8 @@ def short_run_overrides(steps: int, run_dir: Path) -> dict[str, object]:
         "trainer.default_local_dir": str(run_dir / "checkpoints"),
         "hydra.run.dir": str(run_dir / "hydra"),
         "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH": str(run_dir / METRICS_FILE),
+        "+ray_kwargs.ray_init.address": "local",
+        "+ray_kwargs.ray_init._temp_dir": str(run_dir / RAY_DIR),
     }
 
 

@@ -1,35 +1,85 @@
 """The user's verl environment (`--verl-python`): checked once before the first verl probe, so that a wrong
-path is one line at the start, not a crashed probe per trial."""
+path or a missing piece is one line at the start, not a crashed probe per trial.
+
+verl 0.9.1's V1 trainer (the one its PPO entry point runs, trainer.use_v1: true) needs beyond `verl` itself
+(versions from verl 0.9.1's own metadata and source, in .venv-verl):
+- `transfer_queue`, the TransferQueue distribution >= 0.1.10 (its `verl-core` extra, which `verl[vllm]`
+  pulls in), imported by trainer/main_ppo.py:137 and trainer/ppo/v1/replay_buffer.py:20;
+- vLLM >= 0.18, the oldest verl's rollout supports (verl/third_party/vllm/__init__.py:46, which reads the
+  installed distribution's version as this check does; `verl[vllm]` pins 0.24.0);
+- `orjson`, which the file logger the probe reads imports (verl/utils/tracking.py:29) but no extra declares.
+vLLM is not imported here (seconds, and CUDA libraries); the other two are.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
 from autotune.errors import UserError
 
-__all__ = ["VERL_VERSION", "check_verl_python"]
+__all__ = ["RUNTIME", "VERL_VERSION", "check_verl_python", "missing_pieces"]
 
 VERL_VERSION = "0.9.1"  # the version autotune's exports and this backend are written and tested against
 INSTALL = f'python3 -m venv /opt/verl && /opt/verl/bin/pip install "verl[vllm]=={VERL_VERSION}" orjson'
+# (what to call it, the module imported or None, the distribution, the lowest version)
+RUNTIME = (
+    ("transfer_queue", "transfer_queue", "TransferQueue", "0.1.10"),
+    ("vLLM", None, "vllm", "0.18"),
+    ("orjson", "orjson", "orjson", None),
+)
+# Run with the environment's python: verl's version, then per piece its import error and installed version.
+PROBE = """
+import importlib, importlib.metadata as metadata, json, sys
+import verl
+def version(dist):
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+def failure(module):
+    if module is None:
+        return None
+    try:
+        importlib.import_module(module)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+pieces = json.loads(sys.argv[1])
+found = {name: {"error": failure(module), "version": version(dist)} for name, module, dist, _ in pieces}
+print(json.dumps({"verl": getattr(verl, "__version__", "unknown"), "pieces": found}))
+"""
 
 
-def check_verl_python(python: str | None) -> str:
-    """verl's version as the environment reports it; UserError (exit 2) when it cannot run verl."""
-    if not python:
-        raise UserError(
-            f"--engine verl needs --verl-python PATH: the python of an environment with verl {VERL_VERSION} "
-            f"(e.g. {INSTALL}, then --verl-python /opt/verl/bin/python)"
-        )
-    path = Path(python).expanduser()
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        raise UserError(
-            f"--verl-python {python}: not an executable file; give the python of verl's environment"
-        )
+def _release(version: str) -> tuple[int, ...]:
+    """The leading release numbers of a version string: "0.24.0rc1" -> (0, 24, 0)."""
+    match = re.match(r"\d+(?:\.\d+)*", version.strip())
+    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
+
+
+def missing_pieces(found: dict[str, dict[str, str | None]]) -> list[str]:
+    """The runtime pieces `found` (PROBE's report per piece) lacks or has too old, as words for a user."""
+    missing = []
+    for name, module, dist, lowest in RUNTIME:
+        piece = found.get(name) or {}
+        version = piece.get("version")
+        absent = piece.get("error") is not None if module else version is None
+        wanted = f"{name} ({dist} >= {lowest})" if lowest else name
+        if absent:
+            missing.append(wanted)
+        elif lowest and version and _release(version) < _release(lowest):
+            missing.append(f"{wanted}, not {version}")
+    return missing
+
+
+def _probe(path: Path, python: str) -> dict:
+    """What PROBE reports from the environment of `path`; UserError when it cannot run or verl is absent."""
     try:
         found = subprocess.run(
-            [str(path), "-c", "import verl; print(verl.__version__)"],
+            [str(path), "-c", PROBE, json.dumps(RUNTIME)],
             capture_output=True,
             text=True,
             timeout=300,
@@ -41,4 +91,32 @@ def check_verl_python(python: str | None) -> str:
         raise UserError(
             f"--verl-python {python}: `import verl` fails there ({last}); install it with {INSTALL}"
         )
-    return found.stdout.strip() or "unknown"
+    try:
+        return json.loads((found.stdout.strip().splitlines() or ["{}"])[-1])
+    except ValueError:
+        raise UserError(
+            f"--verl-python {python}: its check printed no report; is it verl's python?"
+        ) from None
+
+
+def check_verl_python(python: str | None) -> str:
+    """verl's version as the environment reports it; UserError (exit 2) when it cannot run verl's V1
+    trainer: no such python, no verl, or a runtime piece missing (RUNTIME), said in one line."""
+    if not python:
+        raise UserError(
+            f"--engine verl needs --verl-python PATH: the python of an environment with verl {VERL_VERSION} "
+            f"(e.g. {INSTALL}, then --verl-python /opt/verl/bin/python)"
+        )
+    path = Path(python).expanduser()
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise UserError(
+            f"--verl-python {python}: not an executable file; give the python of verl's environment"
+        )
+    report = _probe(path, python)
+    missing = missing_pieces(report.get("pieces") or {})
+    if missing:
+        raise UserError(
+            f"--verl-python {python}: verl's V1 trainer needs {', '.join(missing)}, which that environment "
+            f"lacks; install with {INSTALL}"
+        )
+    return str(report.get("verl") or "unknown")

@@ -8,19 +8,35 @@ them (paths under site-packages/verl):
 - failures: a CUDA OOM in a worker reaches the driver as `ray.exceptions.RayTaskError(OutOfMemoryError)` and
   Hydra exits 1 (single_controller/ray/base.py:49-56, hydra/_internal/utils.py); no GPU: `ValueError: Total
   available GPUs 0 is less than total desired GPUs N` (single_controller/ray/base.py:226-241).
-Scripted by AUTOTUNE_FAKE_VERL: "" (behave), "hang" (never finish, with a child process), "exit0-missing"
-(exit 0 after one step), "gpus0" (verl's refusal on a CPU machine). A micro batch × sequence length (under
-dynamic batch size: the token budget) above AUTOTUNE_FAKE_VERL_OOM_TOKENS (default 512) runs out of memory in
-the actor update.
+- a failed generation: verl's agent loop worker logs `Error in _run_prompt for uid=<uid>` with the session's
+  traceback (trainer/ppo/v1/agent_loop_tq.py:133-140); with trainer.v1.sampler.sync_refill_failed_groups off
+  the sync ReplayBuffer pads the missing samples and the step goes on (replay_buffer.py:111-113), with it on
+  it refills the prompts in a loop that fails again and again (replay_buffer.py:465-467);
+- Ray: `ray.init(**ray_kwargs.ray_init)` (trainer/main_ppo.py:57-74) decides as Ray 2.60 does whether to join
+  a cluster (ray/_private/services.py:413-464, 686-707; ray/_common/utils.py:327-349): address "local" starts
+  a new instance; no address (or "auto") takes $RAY_ADDRESS, else the address a `ray start` wrote to
+  `<temp dir>/ray_current_cluster`, the temp dir being `_temp_dir`, else $RAY_TMPDIR/ray, else $TMPDIR/ray,
+  else /tmp/ray. Joining prints Ray's "Connecting to existing Ray cluster at address: ..." (ray/_private/
+  worker.py:1841) and then fails as Ray does when nothing answers there (the stand-in has no cluster to
+  join); starting one makes `<temp dir>/session_<date>_<pid>` and its `session_latest` link
+  (ray/_private/node.py:206, 775).
+Scripted by AUTOTUNE_FAKE_VERL, comma-separated: "" (behave), "hang" (never finish, with a child process),
+"exit0-missing" (exit 0 after one step), "gpus0" (verl's refusal on a CPU machine), "gen-fail" (a generation
+fails in step 1, then as the sampler setting says), "gen-fail,oom" (its cause is the vLLM engine's CUDA OOM),
+"gen-fail,stuck" (refill in a loop whatever the setting: a verl whose sampler refills). A micro batch ×
+sequence length (under dynamic batch size: the token budget) above AUTOTUNE_FAKE_VERL_OOM_TOKENS (default
+512) runs out of memory in the actor update.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
 import sys
 import time
+import uuid
 
 import pandas as pd
 
@@ -44,6 +60,26 @@ ValueError: Total available GPUs 0 is less than total desired GPUs {gpus}
 
 Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.
 """
+# A generation whose vLLM engine died: the engine core's fatal error (vllm/v1/engine/core.py, run_engine_core)
+# and the agent loop's report of the request it failed, EngineDeadError's own words
+# (vllm/v1/engine/exceptions.py), through Ray's task error (ray/exceptions.py:249).
+ENGINE_OOM = """(vLLMHttpServer pid={pid}) (EngineCore_DP0 pid={pid}) ERROR 05-02 10:11:12 [core.py:710] EngineCore encountered a fatal error.
+(vLLMHttpServer pid={pid}) (EngineCore_DP0 pid={pid}) ERROR 05-02 10:11:12 [core.py:710] Traceback (most recent call last):
+(vLLMHttpServer pid={pid}) (EngineCore_DP0 pid={pid}) ERROR 05-02 10:11:12 [core.py:710]   File "/opt/verl/lib/python3.11/site-packages/vllm/v1/engine/core.py", line 701, in run_engine_core
+(vLLMHttpServer pid={pid}) (EngineCore_DP0 pid={pid}) ERROR 05-02 10:11:12 [core.py:710] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.20 GiB. GPU 0 has a total capacity of 139.72 GiB of which 0.81 GiB is free.
+"""
+GENERATION_FAILED = """(AgentLoopWorkerTQ pid={pid}) Error in _run_prompt for uid={uid}
+(AgentLoopWorkerTQ pid={pid}) Traceback (most recent call last):
+(AgentLoopWorkerTQ pid={pid})   File "/opt/verl/lib/python3.11/site-packages/verl/experimental/agent_loop/single_turn_agent_loop.py", line 67, in run
+(AgentLoopWorkerTQ pid={pid})     output: TokenOutput = await self.server_manager.generate(
+(AgentLoopWorkerTQ pid={pid}) {cause}
+"""
+CAUSES = {
+    "oom": "ray.exceptions.RayTaskError(EngineDeadError): ray::vLLMHttpServer.generate() (pid={pid}, ip=127.0.0.1)\n"
+    "(AgentLoopWorkerTQ pid={pid}) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
+    "See stack trace (above) for the root cause.",
+    "": "ValueError: the stand-in's generation failed",
+}
 
 
 def parse(argv: list[str]) -> dict[str, str]:
@@ -87,22 +123,69 @@ def console_line(step: int, metrics: dict[str, object]) -> str:
     return f"(TaskRunnerV1 pid={os.getpid()}) " + " - ".join(parts)
 
 
+def ray_temp_dir(cfg: dict[str, str]) -> str:
+    """Ray's temp dir: `_temp_dir`, else $RAY_TMPDIR/ray, else $TMPDIR/ray (Linux), else /tmp/ray."""
+    if cfg.get("ray_kwargs.ray_init._temp_dir"):
+        return cfg["ray_kwargs.ray_init._temp_dir"]
+    return os.path.join(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp", "ray")
+
+
+def ray_init(cfg: dict[str, str]) -> str | None:
+    """Ray's choice for ray.init(address=...): the address it would join, None to start a new instance."""
+    address = cfg.get("ray_kwargs.ray_init.address") or None
+    if address not in (None, "auto"):
+        return None if address == "local" else address
+    address = os.environ.get("RAY_ADDRESS") or address
+    if address not in (None, "auto"):
+        return address
+    recorded = os.path.join(ray_temp_dir(cfg), "ray_current_cluster")
+    if os.path.exists(recorded):
+        with open(recorded) as f:
+            return f.read().strip()
+    return None
+
+
+def start_ray(cfg: dict[str, str]) -> None:
+    """A new local instance's session folder and `session_latest` link in the temp dir."""
+    temp_dir = ray_temp_dir(cfg)
+    session = f"session_{datetime.datetime.today().strftime('%Y-%m-%d_%H-%M-%S_%f')}_{os.getpid()}"
+    os.makedirs(os.path.join(temp_dir, session, "logs"), exist_ok=True)
+    latest = os.path.join(temp_dir, "session_latest")
+    if os.path.lexists(latest):
+        os.remove(latest)
+    os.symlink(session, latest)
+
+
+def fail_generation(cause: str) -> None:
+    pid = os.getpid()
+    if cause == "oom":
+        print(ENGINE_OOM.format(pid=pid), end="", flush=True)
+    text = GENERATION_FAILED.format(pid=pid, uid=uuid.uuid4().hex, cause=CAUSES[cause].format(pid=pid))
+    print(text, end="", flush=True)
+
+
 def main() -> int:
     cfg = parse(sys.argv[1:])
-    script = os.environ.get("AUTOTUNE_FAKE_VERL", "")
+    script = set(os.environ.get("AUTOTUNE_FAKE_VERL", "").split(","))
     overrides = ", ".join(sys.argv[1:4])
     gpus = number(cfg.get("trainer.n_gpus_per_node", "1"))
     print("ray init kwargs: {'num_cpus': None}", flush=True)
+    joined = ray_init(cfg)
+    if joined is not None:
+        print(f"Connecting to existing Ray cluster at address: {joined}...", flush=True)
+        sys.stderr.write(f"ConnectionError: Failed to connect to GCS at address {joined} (the stand-in)\n")
+        return 1
+    start_ray(cfg)
     data = pd.read_parquet(cfg["data.train_files"])
     assert {"prompt", "data_source", "reward_model"} <= set(data.columns), data.columns
     print(f"(TaskRunnerV1 pid={os.getpid()}) dataset len: {len(data)}", flush=True)
-    if script == "gpus0":
+    if "gpus0" in script:
         sys.stderr.write(GPUS0.format(overrides=overrides, pid=os.getpid(), gpus=gpus))
         return 1
     if len(data) < number(cfg["data.train_batch_size"]):
         sys.stderr.write("ZeroDivisionError: integer division or modulo by zero\n")
         return 1
-    if script == "hang":
+    if "hang" in script:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])  # a Ray worker, say
         time.sleep(3600)
     path = (
@@ -116,9 +199,18 @@ def main() -> int:
         * (number(cfg["data.max_prompt_length"]) + number(cfg["data.max_response_length"]))
     )
     limit = int(os.environ.get("AUTOTUNE_FAKE_VERL_OOM_TOKENS", "512"))
-    steps = 1 if script == "exit0-missing" else number(cfg["trainer.total_training_steps"])
+    steps = 1 if "exit0-missing" in script else number(cfg["trainer.total_training_steps"])
+    refills = (
+        cfg.get("trainer.v1.sampler.sync_refill_failed_groups", "false").lower() == "true"
+        or "stuck" in script
+    )
     with open(path, "wb", buffering=0) as log:
         for step in range(1, steps + 1):
+            if "gen-fail" in script and step == 1:
+                fail_generation("oom" if "oom" in script else "")
+                while refills:  # each refilled prompt fails again
+                    time.sleep(1.0)
+                    fail_generation("oom" if "oom" in script else "")
             if micro_tokens > limit:
                 sys.stderr.write(OOM_TRACEBACK.format(overrides=overrides, pid=os.getpid()))
                 return 1
