@@ -65,9 +65,10 @@ DEFAULT_HEADROOM = 0.10  # the study's default: feasible means peak <= card × (
 WARNING = "warning"  # advice: shown with its fix, but the exit code stays 0
 VERL_NAMES = (
     "below, autotune's knob names stand for verl's keys: train_batch_size = data.train_batch_size × "
-    "rollout.n, rollout_batch_size = data.gen_batch_size × rollout.n, micro_batch_size = "
-    "actor.ppo_micro_batch_size_per_gpu, num_rollout_workers = data.dataloader_num_workers, "
-    "max_prompt_length/max_response_length = data.max_prompt_length/max_response_length"
+    "rollout.n, micro_batch_size = actor.ppo_micro_batch_size_per_gpu, num_rollout_workers = "
+    "data.dataloader_num_workers, max_prompt_length/max_response_length = data.max_prompt_length/"
+    "max_response_length; verl has no rollout batch (a step's prompts generate together: rollout_batch_size "
+    "reads as train_batch_size), and its rollout memory is vLLM's pool, not the probe's generate phase"
 )
 
 
@@ -230,10 +231,18 @@ def length_findings(c: ProbeConfig, report: LengthReport) -> list[Finding]:
 
 
 def verl_findings(overrides: dict[str, Any], gpus: int) -> list[Finding]:
+    """verl's rules the file breaks (problems), and the keys verl accepts but its default trainer does not
+    read (warnings: the file says more than verl does)."""
     from autotune.formats.verl import verl_rule_violations
+    from autotune.formats.verl_table import ignored_keys
 
     fix = "change the values so the rule holds: verl rejects the config at start-up"
-    return [Finding("verl", v, fix) for v in verl_rule_violations(overrides, gpus)]
+    found = [Finding("verl", v, fix) for v in verl_rule_violations(overrides, gpus)]
+    for key, why in ignored_keys(overrides).items():
+        problem = f"{key}={overrides[key]}: set but ignored by V1 (verl 0.9.1's default trainer): {why}"
+        fix = f"remove {key}, or set what V1 reads"
+        found.append(Finding("verl", problem, fix, key=key, severity=WARNING))
+    return found
 
 
 # --- memory ----------------------------------------------------------------------------------------------
@@ -257,19 +266,23 @@ class Card:
         return f"{self.bytes / GIB:g} GiB ({self.name})"
 
 
-def study_model(arch: Architecture, gpus: int, device: str) -> MemoryModel:
-    """The memory model as the study builds it (`search.prepare`) before any probe: the device's priors."""
-    return MemoryModel(arch, gpus, device)
+def study_model(arch: Architecture, gpus: int, device: str, vllm_rollout: bool = False) -> MemoryModel:
+    """The memory model as the study builds it (`search.prepare`) before any probe: the device's priors.
+    `vllm_rollout`: a verl file's rollout runs in vLLM's pool (the engine findings judge it), not in the
+    probe's generate phase."""
+    return MemoryModel(arch, gpus, device, vllm_rollout=vllm_rollout)
 
 
-def _calibrated(arch: Architecture, config: ProbeConfig, gpus: int, measured: Measured | None) -> MemoryModel:
+def _calibrated(
+    arch: Architecture, config: ProbeConfig, gpus: int, measured: Measured | None, vllm_rollout: bool = False
+) -> MemoryModel:
     """The CUDA model for another card or GPU count, calibrated on the file's measurement when that was taken
     on CUDA (one point: the constant fitted, the prior factor kept, as after the study's first probe)."""
-    model = study_model(arch, gpus, "cuda")
+    model = study_model(arch, gpus, "cuda", vllm_rollout)
     if measured is None or measured.device != "cuda":
         return model
     fitted = study_model(arch, measured.gpus, "cuda").calibrate([(config, measured.peak_bytes)])
-    model = MemoryModel(arch, gpus, "cuda", fitted.constant, fitted.factor)
+    model = MemoryModel(arch, gpus, "cuda", fitted.constant, fitted.factor, vllm_rollout=vllm_rollout)
     model.points = fitted.points
     return model
 
@@ -287,7 +300,7 @@ def memory_findings(
     measured = target.measured
     if measured is not None and card is None and gpus == measured.gpus:
         return _measured_verdict(arch, target, config, measured, report)
-    model = _calibrated(arch, config, gpus, measured)
+    model = _calibrated(arch, config, gpus, measured, target.kind == "verl overrides")
     return _predicted_verdict(model, target, config, card, report)
 
 
@@ -455,7 +468,8 @@ def check(options: CheckOptions) -> CheckResult:
     memory = None
     if config is not None:
         findings += _rule_findings(config, gpus, options.cores, verl=target.overrides is not None)
-        findings += rollout_findings(config, gpus, target.measured)
+        if target.overrides is None:  # verl has no rollout batch: the heuristic is about the article's
+            findings += rollout_findings(config, gpus, target.measured)
         findings += reward_findings(target)
         model_findings, memory = _model_checks(options, target, config, gpus, card)
         findings += model_findings

@@ -72,14 +72,14 @@ def test_best_config_yaml_reads_back_as_the_same_config(name: str, tmp_path: Pat
 @pytest.mark.parametrize("gpus", [1, 2])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_verl_overrides_read_back_as_the_same_config(name: str, gpus: int, tmp_path: Path):
-    """verl counts prompts and holds the mini batch (m·g·W/n), not g: the reader turns both back. The KL
-    settings are not exported yet, so the configs keep the default kl_coef."""
+    """verl counts prompts and holds the mini batch (m·g·W/n), not g: the reader turns both back. verl has
+    no rollout batch (a step's prompts generate together): it reads back as the train batch."""
     config = CONFIGS[name]
     path = tmp_path / "verl_overrides.txt"
     path.write_text(format_overrides(verl_overrides(config, gpus, model_path="Qwen/Qwen2.5-7B").values))
     target = read_target(path)
     assert (target.kind, target.gpus, target.model) == ("verl overrides", gpus, "Qwen/Qwen2.5-7B")
-    assert_same_fields(target.config, config)
+    assert_same_fields(target.config, dataclasses.replace(config, rollout_batch_size=config.train_batch_size))
 
 
 def test_a_forward_micro_batch_equal_to_the_micro_batch_reads_back_as_unset():

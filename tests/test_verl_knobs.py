@@ -100,9 +100,12 @@ def test_the_export_writes_the_knobs_instead_of_the_rules():
     assert values[f"{rollout}.tensor_model_parallel_size"] == 2
     assert values[f"{rollout}.max_num_seqs"] == 128
     budgets = {key: value for key, value in values.items() if "max_token_len" in key}
-    assert set(budgets.values()) == {1024} and len(budgets) == 6  # actor, log-prob, ref, critic ×3
+    # the actor's (its old-log-prob and reference passes follow it in verl's YAML) and the V1 critic's engine
+    assert set(budgets.values()) == {1024} and len(budgets) == 2
     switches = [key for key, value in values.items() if "use_dynamic_bsz" in key]
-    assert all(values[key] is True for key in switches) and len(switches) == 4
+    assert all(values[key] is True for key in switches) and len(switches) == 2
+    # verl cuts by tokens and reads no micro batch: none is written for the actor and its passes
+    assert not any(key.endswith("micro_batch_size_per_gpu") and "critic" not in key for key in values)
     assert verl_rule_violations(values, 2) == []
     assert any("the configuration's own" in note for note in engine.notes)
 
@@ -110,7 +113,10 @@ def test_the_export_writes_the_knobs_instead_of_the_rules():
 def test_without_the_knobs_the_export_is_what_it_was():
     engine = rollout_engine(BASE, 2, "vllm", 80 * GIB, 30 * GIB, 4_000_000)
     values = verl_overrides(BASE, 2, engine=engine).values
-    assert not any("dynamic_bsz" in key or "max_token_len" in key or "max_num_seqs" in key for key in values)
+    assert not any("max_token_len" in key or "max_num_seqs" in key for key in values)
+    # fixed micro batches everywhere: the V1 critic's engine is told so (its own default is dynamic)
+    assert [key for key in values if "dynamic_bsz" in key] == ["+critic.fsdp.use_dynamic_bsz"]
+    assert values["+critic.fsdp.use_dynamic_bsz"] is False
     assert (values[f"{AR}.rollout.gpu_memory_utilization"], engine.tensor_model_parallel_size) == (0.55, 1)
 
 

@@ -220,6 +220,9 @@ def test_the_verl_probes_command_composes_and_passes_validate_config(tmp_path):
             "data.filter_overlong_prompts": False,
             "data.train_files": str(run.train_path),
             "ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH": str(run.metrics_path),
+            "ray_kwargs.ray_init.address": "local",  # a Ray instance of its own, never a recorded cluster
+            "ray_kwargs.ray_init._temp_dir": str(tmp_path / "run" / "ray"),
+            "trainer.v1.sampler.sync_refill_failed_groups": False,
         }, name
 
 

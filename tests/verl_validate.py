@@ -84,6 +84,9 @@ SHORT_RUN_KEYS = (  # what autotune's verl probe sets for a short run (autotune/
     "data.filter_overlong_prompts",
     "data.train_files",
     "ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH",
+    "ray_kwargs.ray_init.address",
+    "ray_kwargs.ray_init._temp_dir",
+    "trainer.v1.sampler.sync_refill_failed_groups",
 )
 
 
@@ -99,9 +102,9 @@ def verl_knobs(config, rollout, use_critic: bool, to_dataclass) -> dict[str, Any
         "log_prob": [rollout.log_prob_use_dynamic_bsz, rollout.log_prob_max_token_len_per_gpu],
         "ref": [ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu],
     }
-    if use_critic:
+    if use_critic:  # the V1 critic's engine: its own switch, both budgets from one CriticConfig field
         critic = to_dataclass(config.critic)
-        knobs["critic"] = [critic.use_dynamic_bsz, critic.ppo_max_token_len_per_gpu]
+        knobs["critic"] = [critic.engine.use_dynamic_bsz, critic.ppo_infer_max_token_len_per_gpu]
         knobs["critic_engine"] = critic.ppo_infer_max_token_len_per_gpu
     return knobs
 

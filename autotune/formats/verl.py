@@ -5,16 +5,18 @@
     Path("verl_overrides.txt").write_text(format_overrides(overrides.values))
     read_overrides(Path("verl_overrides.txt").read_text()).config     # the same config, for `autotune check`
 
+Which keys are written, and why each, is autotune.formats.verl_table's to say: the export writes the table's
+keys and nothing else.
+
 Units. autotune counts *samples* (responses) in its global sizes; verl counts *prompts* in
-`data.train_batch_size`, `data.gen_batch_size` and `actor.ppo_mini_batch_size`, and multiplies them by
-`rollout.n` internally (ray_trainer.py: `ppo_mini_batch_size * rollout.n`). With T train samples, R rollout
-samples, m micro per GPU, g accumulation steps, W GPUs and n samples per prompt:
+`data.train_batch_size` and `actor.ppo_mini_batch_size`, and multiplies them by `rollout.n` internally
+(trainer/ppo/v1/trainer_base.py `_update_actor`: `ppo_mini_batch_size * rollout.n`). With T train samples, m
+micro per GPU, g accumulation steps, W GPUs and n samples per prompt:
 
     data.train_batch_size   B = T / n            prompts per step
-    data.gen_batch_size       = R / n            prompts fetched (and generated) per chunk
     actor.ppo_mini_batch_size M = m·g·W / n      prompts per optimizer step: verl makes it M·n = m·g·W
                                                  samples, M·n/W per GPU, in (M·n/W)/m = g micro-batches
-    e.g. T=512, R=128, m=32, g=4, W=2, n=1: B=512, gen=128, M=256 -> 2 optimizer steps of 32×4 per GPU.
+    e.g. T=512, m=32, g=4, W=2, n=1: B=512, M=256 -> 2 optimizer steps of 32×4 per GPU.
 
 When m·g·W is not a multiple of n, no whole number of prompts gives exactly that mini-batch: it is rounded
 up to lcm(m·g·W, n) samples, which still divides T (T is a multiple of both); the micro batch, hence the
@@ -22,7 +24,8 @@ memory, is unchanged, only the accumulation per optimizer step grows (said in th
 
 Rules verl 0.9.1 enforces (utils/config.py validate_config, workers/config/{actor,critic}.py validate,
 engine_workers.py train_mini_batch, tensordict_utils.make_iterator, engine/utils.py micro-batching,
-protocol.DataProto.chunk for the agent-loop workers) are checked by the pure `verl_rule_violations`.
+protocol.DataProto.chunk for the agent-loop workers) are checked by the pure `verl_rule_violations`, for
+autotune's files and a user's alike.
 """
 
 from __future__ import annotations
@@ -40,6 +43,14 @@ from autotune.config.knobs import ProbeConfig
 from autotune.config.rules import Finding, config_findings, problems
 from autotune.formats.rollout import ROLLOUT_ENGINES, RolloutEngine
 from autotune.formats.target import Target
+from autotune.formats.verl_table import (
+    AR,
+    JOB_ROUTES,
+    ROUTES,
+    Job,
+    agent_workers,
+    mini_batch_samples,
+)
 
 __all__ = [
     "AR",
@@ -53,7 +64,6 @@ __all__ = [
     "verl_rule_violations",
 ]
 
-AR = "actor_rollout_ref"
 # verl's own defaults for the keys the rules read when an override leaves them out (ppo_trainer.yaml).
 VERL_DEFAULTS: dict[str, Any] = {
     f"{AR}.rollout.n": 1,
@@ -77,7 +87,6 @@ VERL_DEFAULTS: dict[str, Any] = {
     "algorithm.adv_estimator": "gae",
     "trainer.nnodes": 1,
 }
-ADV_ESTIMATORS = {"ppo": "gae", "grpo": "grpo"}
 CRITIC_ENGINE_BUDGET = "+critic.ppo_infer_max_token_len_per_gpu"
 BUDGET_KEYS = (  # token budgets per GPU under dynamic batch size (None: verl's default)
     f"{AR}.actor.ppo_max_token_len_per_gpu",
@@ -143,49 +152,32 @@ def _parse_value(raw: str) -> Any:
     return raw
 
 
-def mini_batch_samples(config: ProbeConfig, n_gpus: int) -> int:
-    """Samples per optimizer step verl can express: m·g·W rounded up to a multiple of rollout_n."""
-    return math.lcm(config.micro_batch_size * config.gradient_accumulation_steps * n_gpus, config.rollout_n)
-
-
-def agent_workers(config: ProbeConfig) -> int:
-    """The largest divisor of the train batch (samples) not above num_rollout_workers (verl chunks evenly)."""
-    w, total = config.num_rollout_workers, config.train_batch_size
-    return max(d for d in range(1, max(1, w) + 1) if total % d == 0)
-
-
 def verl_overrides(
     config: ProbeConfig, n_gpus: int, model_path: str | None = None, engine: RolloutEngine | None = None
 ) -> VerlOverrides:
     """verl 0.9.1 overrides for a measured config on one node of n_gpus GPUs (ValueError: invalid config).
 
-    Every setting that changes what verl does or how much memory it needs is written, with the value the
-    probe used: the batch sizes, the rollout engine (`engine`: see autotune.formats.rollout), the KL (PPO: in
-    the reward, k1; GRPO: in the loss, k3; none when kl_coef is 0, and then no reference model), LoRA for the
-    actor and the critic, gradient checkpointing, and how the states are held (FSDP2, resharding, offload)."""
+    The keys are the table's (autotune.formats.verl_table), each with the value the probe used: every key
+    verl's V1 trainer builds its workers from, and those its config check requires; nothing for a knob verl
+    does not have (the rollout batch)."""
     broken = problems(config_findings(config, n_gpus, cores=max(1, config.num_rollout_workers)))
     if broken:
         lines = "; ".join(f.line for f in broken)
         raise ValueError(f"cannot export an invalid configuration for {n_gpus} GPU(s): {lines}")
     engine = engine or RolloutEngine(max_model_len=config.sequence_length)
-    values, notes = _batch_keys(config, n_gpus)
-    values.update(_dynamic_batch_keys(config))
-    values.update(_rollout_keys(engine))
-    values.update(_kl_keys(config))
-    values.update(_model_keys(config, model_path))
-    values["algorithm.adv_estimator"] = ADV_ESTIMATORS[config.algorithm]
-    values["trainer.n_gpus_per_node"] = n_gpus
-    values["trainer.nnodes"] = 1
-    return VerlOverrides(values, notes + list(engine.notes))
+    job = Job(config, n_gpus, model_path, engine)
+    values = {key.name: key.value(job) for route in (*ROUTES, *JOB_ROUTES) for key in route.written(job)}
+    return VerlOverrides(values, _notes(config, n_gpus) + list(engine.notes))
 
 
-def _batch_keys(c: ProbeConfig, n_gpus: int) -> tuple[dict[str, Any], list[str]]:
-    n, notes = c.rollout_n, []
+def _notes(c: ProbeConfig, n_gpus: int) -> list[str]:
+    """Where the export had to adapt a value to what verl can express."""
+    notes = []
     mini = mini_batch_samples(c, n_gpus)
     if mini != c.micro_batch_size * c.gradient_accumulation_steps * n_gpus:
         notes.append(
             f"micro×accumulation×gpus={c.micro_batch_size}×{c.gradient_accumulation_steps}×{n_gpus} "
-            f"is not a whole number of prompts (rollout_n={n}): the optimizer step uses {mini} "
+            f"is not a whole number of prompts (rollout_n={c.rollout_n}): the optimizer step uses {mini} "
             f"samples ({mini // (c.micro_batch_size * n_gpus)} micro-batches per GPU); "
             f"memory is unchanged"
         )
@@ -195,114 +187,7 @@ def _batch_keys(c: ProbeConfig, n_gpus: int) -> tuple[dict[str, Any], list[str]]
             f"rollout.agent.num_workers={workers}: the largest divisor of the {c.train_batch_size} "
             f"samples per step not above num_rollout_workers={c.num_rollout_workers}"
         )
-    forward = c.forward_micro_batch_size
-    values: dict[str, Any] = {
-        "data.train_batch_size": c.train_batch_size // n,
-        "data.gen_batch_size": c.rollout_batch_size // n,
-        "data.max_prompt_length": c.max_prompt_length,
-        "data.max_response_length": c.max_response_length,
-        "data.dataloader_num_workers": c.num_rollout_workers,
-        f"{AR}.actor.ppo_mini_batch_size": mini // n,
-        f"{AR}.actor.ppo_micro_batch_size_per_gpu": c.micro_batch_size,
-        f"{AR}.rollout.log_prob_micro_batch_size_per_gpu": forward,
-        f"{AR}.ref.log_prob_micro_batch_size_per_gpu": forward,
-        f"{AR}.rollout.n": n,
-        f"{AR}.rollout.agent.num_workers": workers,
-    }
-    if c.algorithm == "ppo":  # GAE needs the critic; GRPO has none
-        values["critic.ppo_micro_batch_size_per_gpu"] = c.micro_batch_size
-        values["critic.forward_micro_batch_size_per_gpu"] = forward
-    return values, notes
-
-
-def _dynamic_batch_keys(c: ProbeConfig) -> dict[str, Any]:
-    """Dynamic batch size with its token budget for every pass that cuts micro-batches: verl asserts the
-    actor's switch equals the old-log-prob one (workers/engine_workers.py:616); the reference's and the
-    critic's follow it. verl 0.9.1's V1 trainer sizes the critic's engine by
-    `critic.ppo_infer_max_token_len_per_gpu` (trainer/ppo/v1/trainer_base.py:264-268), a field of its
-    CriticConfig that critic.yaml lacks: hence the `+`. Nothing is written without dynamic batch size."""
-    if not c.use_dynamic_bsz:
-        return {}
-    budget = c.token_budget
-    values: dict[str, Any] = {
-        f"{AR}.actor.use_dynamic_bsz": True,
-        f"{AR}.actor.ppo_max_token_len_per_gpu": budget,
-        f"{AR}.rollout.log_prob_use_dynamic_bsz": True,
-        f"{AR}.rollout.log_prob_max_token_len_per_gpu": budget,
-        f"{AR}.ref.log_prob_use_dynamic_bsz": True,
-        f"{AR}.ref.log_prob_max_token_len_per_gpu": budget,
-    }
-    if c.algorithm == "ppo":
-        values.update(
-            {
-                "critic.use_dynamic_bsz": True,
-                "critic.ppo_max_token_len_per_gpu": budget,
-                "critic.forward_max_token_len_per_gpu": budget,
-                CRITIC_ENGINE_BUDGET: budget,
-            }
-        )
-    return values
-
-
-def _rollout_keys(engine: RolloutEngine) -> dict[str, Any]:
-    values = {
-        f"{AR}.rollout.name": engine.name,
-        f"{AR}.rollout.tensor_model_parallel_size": engine.tensor_model_parallel_size,
-        f"{AR}.rollout.gpu_memory_utilization": engine.gpu_memory_utilization,
-        f"{AR}.rollout.max_model_len": engine.max_model_len,
-    }
-    if engine.max_num_seqs is not None:  # else verl's default (rollout.yaml: 256)
-        values[f"{AR}.rollout.max_num_seqs"] = engine.max_num_seqs
-    return values
-
-
-def _kl_keys(c: ProbeConfig) -> dict[str, Any]:
-    """The probe's KL: PPO folds it into the reward (k1, verl's `kl`), GRPO adds it to the loss (k3, verl's
-    `low_var_kl`); with kl_coef 0 there is none, and verl builds no reference model."""
-    in_reward, in_loss = c.use_kl and c.algorithm == "ppo", c.use_kl and c.algorithm == "grpo"
-    values: dict[str, Any] = {"algorithm.use_kl_in_reward": in_reward, f"{AR}.actor.use_kl_loss": in_loss}
-    if in_reward:
-        values.update({"algorithm.kl_penalty": "kl", "algorithm.kl_ctrl.kl_coef": c.kl_coef})
-    if in_loss:
-        values.update({f"{AR}.actor.kl_loss_type": "low_var_kl", f"{AR}.actor.kl_loss_coef": c.kl_coef})
-    return values
-
-
-def _model_keys(c: ProbeConfig, model_path: str | None) -> dict[str, Any]:
-    """Paths, LoRA, checkpointing and FSDP for the actor (and reference) and, with PPO, the critic: the critic
-    trains with the actor's LoRA and checkpointing, as the probe's does."""
-    values: dict[str, Any] = {}
-    models = [(f"{AR}.model", f"{AR}.actor", f"{AR}.actor.fsdp_config")]
-    if c.algorithm == "ppo":
-        models.append(("critic.model", "critic", "critic.fsdp"))
-    for model, trainer, fsdp in models:
-        if model_path:
-            values[f"{model}.path"] = model_path
-        values[f"{model}.enable_gradient_checkpointing"] = c.gradient_checkpointing
-        if c.use_lora:
-            values[f"{model}.lora_rank"] = c.lora_r
-            values[f"{model}.lora_alpha"] = c.lora_alpha
-        values[f"{trainer}.strategy"] = "fsdp2"  # the reference follows the actor's strategy
-        values.update(_holding_keys(c, fsdp))
-        values[f"{fsdp}.param_offload"] = c.param_offload
-        values[f"{fsdp}.optimizer_offload"] = c.optimizer_offload
-        values[f"{fsdp}.offload_policy"] = c.offload_policy
-        if c.use_lora:  # the probe's LoRA base is bf16; verl would load a training model in fp32
-            values[f"{fsdp}.model_dtype"] = "bf16"
-    values.update(_holding_keys(c, f"{AR}.ref.fsdp_config"))
-    return values
-
-
-def _holding_keys(c: ProbeConfig, fsdp: str) -> dict[str, Any]:
-    """FSDP2 as the probe held the states: sharded over every GPU (fsdp_size -1) or, for `replicate`, shard
-    groups of one GPU (fsdp_size 1: every GPU holds everything, gradients are all-reduced); the parameters
-    resharded after the forward (full_shard) or kept to the backward (shard_grad_op); gradients reduced every
-    micro-batch, as the probe does."""
-    return {
-        f"{fsdp}.fsdp_size": -1 if c.sharded else 1,
-        f"{fsdp}.reshard_after_forward": c.sharding != "shard_grad_op",
-        f"{fsdp}.use_no_sync_for_gradient_accumulation": False,
-    }
+    return notes
 
 
 # --- reading back -------------------------------------------------------------------------------------
@@ -373,51 +258,55 @@ def unknown_key_findings(values: Mapping[str, Any]) -> list[Finding]:
 
 
 def _config(get: Any, gpus: int) -> ProbeConfig | None:
-    """verl counts prompts, autotune samples (× rollout.n); None when the sizes are missing or not whole."""
+    """verl counts prompts, autotune samples (× rollout.n); None when the sizes are missing or not whole.
+    verl has no rollout batch: a step's prompts generate together, which reads as R = T."""
     n, batch = get(f"{AR}.rollout.n"), get("data.train_batch_size")
-    micro, mini = get(f"{AR}.actor.ppo_micro_batch_size_per_gpu"), get(f"{AR}.actor.ppo_mini_batch_size")
-    sizes = (n, batch, micro, mini)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+    mini = get(f"{AR}.actor.ppo_mini_batch_size")
+    if not all(_whole(v) for v in (n, batch, mini)):
         return None
-    gen = get("data.gen_batch_size")
+    length = _int_or(get("data.max_prompt_length"), 512) + _int_or(get("data.max_response_length"), 512)
+    dynamic = get(f"{AR}.actor.use_dynamic_bsz") is True
+    budget = _int_or(get(f"{AR}.actor.ppo_max_token_len_per_gpu"), None) if dynamic else None
+    micro = _micro(get, max(1, mini * n // gpus), budget, length)
+    if micro is None:
+        return None
     lora = get(f"{AR}.model.lora_rank")
     forward = _int_or(get(f"{AR}.rollout.log_prob_micro_batch_size_per_gpu"), None)
-    algorithm = "grpo" if get("algorithm.adv_estimator") == "grpo" else "ppo"
     return ProbeConfig(
-        rollout_batch_size=(gen if isinstance(gen, int) else batch) * n,
+        rollout_batch_size=batch * n,
         train_batch_size=batch * n,
         micro_batch_size=micro,
         gradient_accumulation_steps=max(1, mini * n // gpus // micro),
         num_rollout_workers=_int_or(get("data.dataloader_num_workers"), 8),  # verl's default
         max_prompt_length=_int_or(get("data.max_prompt_length"), 512),
         max_response_length=_int_or(get("data.max_response_length"), 512),
-        log_prob_micro_batch_size=None if forward == micro else forward,  # None: the same as micro
+        log_prob_micro_batch_size=None if forward in (None, micro) else forward,  # None: the same as micro
         gradient_checkpointing=get(f"{AR}.model.enable_gradient_checkpointing") is not False,  # verl: on
-        algorithm=algorithm,
+        algorithm="grpo" if get("algorithm.adv_estimator") == "grpo" else "ppo",
         rollout_n=n,
         use_lora=isinstance(lora, int) and lora > 0,
         lora_r=lora if isinstance(lora, int) and lora > 0 else ProbeConfig.lora_r,
         lora_alpha=_int_or(get(f"{AR}.model.lora_alpha"), ProbeConfig.lora_alpha),
         kl_coef=_kl_coef(get),
         **_holding(get, gpus),
-        **_verl_knobs(get),
+        max_num_seqs=_int_or(get(f"{AR}.rollout.max_num_seqs"), None),
+        use_dynamic_bsz=dynamic,
+        ppo_max_token_len_per_gpu=None if budget in (None, micro * length) else budget,
     )
 
 
-def _verl_knobs(get: Any) -> dict[str, Any]:
-    """verl's knobs a file sets: max_num_seqs and dynamic batch size with the actor's token budget. The
-    share and the tensor parallel size are always written (a rule's or a searched value alike), so they read
-    back as the file's rollout engine (`Target.engine`), not as knobs. A budget of exactly the micro batch's
-    tokens is the knob's default (None), as the export writes it."""
-    dynamic = get(f"{AR}.actor.use_dynamic_bsz") is True
-    budget = _int_or(get(f"{AR}.actor.ppo_max_token_len_per_gpu"), None) if dynamic else None
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _micro(get: Any, per_gpu: int, budget: int | None, length: int) -> int | None:
+    """The actor's micro batch; under dynamic batch size, which cuts micro-batches by tokens and reads no
+    micro batch (the export writes none), the largest divisor of the GPU's mini batch the budget holds."""
     micro = get(f"{AR}.actor.ppo_micro_batch_size_per_gpu")
-    length = _int_or(get("data.max_prompt_length"), 512) + _int_or(get("data.max_response_length"), 512)
-    return {
-        "max_num_seqs": _int_or(get(f"{AR}.rollout.max_num_seqs"), None),
-        "use_dynamic_bsz": dynamic,
-        "ppo_max_token_len_per_gpu": None if budget == micro * length else budget,
-    }
+    if budget is None or _whole(micro):
+        return micro if _whole(micro) else None
+    fits = max(1, budget // max(1, length))
+    return max(d for d in range(1, per_gpu + 1) if per_gpu % d == 0 and d <= fits)
 
 
 def _holding(get: Any, gpus: int) -> dict[str, Any]:

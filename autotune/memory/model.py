@@ -591,6 +591,7 @@ class MemoryModel:
         constant: float | None = None,
         factor: float | None = None,
         rollout_card_bytes: float | None = None,
+        vllm_rollout: bool = False,
     ) -> None:
         if device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, but got {device!r}.")
@@ -603,9 +604,19 @@ class MemoryModel:
         self.points = 0  # measurements the calibration used
         # --engine verl: the card whose share vLLM claims (None: the built-in probe, no pool to model)
         self.rollout_card_bytes = rollout_card_bytes
+        # a verl job's rollout runs in vLLM's own pool (judged by the share, `generation_bytes` and check's
+        # pool findings): the probe's Hugging Face generate phase is then no peak of the job
+        self.vllm_rollout = vllm_rollout
 
     def breakdown(self, config: ProbeConfig) -> MemoryBreakdown:
-        return predict_components(self.arch, config, self.world_size, self.device)
+        found = predict_components(self.arch, config, self.world_size, self.device)
+        if not self.vllm_rollout:
+            return found
+        return dataclasses.replace(
+            found,
+            phases={k: v for k, v in found.phases.items() if k != "rollout"},
+            phase_states={k: v for k, v in found.phase_states.items() if k != "rollout"},
+        )
 
     def raw_bytes(self, config: ProbeConfig) -> int:
         return self.breakdown(config).total
@@ -664,7 +675,9 @@ class MemoryModel:
 
     def with_calibration(self, constant: float, factor: float) -> MemoryModel:
         """A copy of this model with another calibration (e.g. one fitted on another model's probes)."""
-        return MemoryModel(self.arch, self.world_size, self.device, constant, factor, self.rollout_card_bytes)
+        copy = MemoryModel(self.arch, self.world_size, self.device, constant, factor, self.rollout_card_bytes)
+        copy.vllm_rollout = self.vllm_rollout
+        return copy
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -675,6 +688,7 @@ class MemoryModel:
             "factor": self.factor,
             "points": self.points,
             "rollout_card_bytes": self.rollout_card_bytes,
+            "vllm_rollout": self.vllm_rollout,
         }
 
     @classmethod
@@ -686,6 +700,7 @@ class MemoryModel:
             constant=float(data["constant"]),
             factor=float(data["factor"]),
             rollout_card_bytes=data.get("rollout_card_bytes"),
+            vllm_rollout=bool(data.get("vllm_rollout", False)),
         )
         model.points = int(data.get("points", 0))
         return model
