@@ -262,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 2; 0 skips it: the gain then rests on first measurements, and the report says so)",
     )
     run.add_argument(
+        "--search-unexported",
+        action="store_true",
+        help="search the rollout batch too, which verl does not read (by default it is held at one value: "
+        "the export carries no key for it); the report then splits the gain into verl's knobs and the rest",
+    )
+    run.add_argument(
         "--rollout-engine",
         choices=ROLLOUT_ENGINES,
         default="vllm",

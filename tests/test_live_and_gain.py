@@ -160,10 +160,68 @@ def test_the_gain_is_measured_in_turn_and_the_headline_is_the_mean_of_every_meas
     assert best["measured"]["samples_per_sec"] == summary["recommended"]["samples_per_sec"]
     assert best["measured"]["measurements"] == 3
     assert result.messages[0].startswith("Recommended: trial #1, 24.667 samples/s (mean of 3 probes)")
-    assert result.messages[1].startswith(
-        "2.20x the samples/s of the hand-made config 'hand' (measured back to back"
+    assert result.messages[1] == (  # the two share the rollout batch: all of it is verl's knobs' gain
+        "2.20x the samples/s of the hand-made config 'hand' from the knobs verl reads (every pair of "
+        "back-to-back measurements 1.67-3.00x)."
     )
+    verl = summary["gain"][0]["verl"]
+    assert verl == {"ratio": 2.2, "low": 1.6667, "high": 3.0, "beyond_noise": True}
+    assert summary["gain"][0]["probe_only"] is None
     assert result.messages[-1].startswith("  python -m verl.trainer.main_ppo $(cat /")  # the command last
+
+
+def _probe_by(speeds: dict[tuple[int, int], list[float]], order: list[tuple[int, int]]):
+    """As `_probe`, keyed by (micro batch, rollout batch)."""
+
+    def probe(config, settings, cancel=None) -> ProbeResult:
+        key = (config.micro_batch_size, config.rollout_batch_size)
+        order.append(key)
+        return ProbeResult(
+            status="ok",
+            samples_per_sec=speeds[key].pop(0),
+            peak_memory_bytes=int(0.6 * GIB),
+            wall_seconds=1.0,
+        )
+
+    return probe
+
+
+def test_a_rollout_batch_verl_does_not_read_is_split_out_of_the_gain(tmp_path):
+    """The pick differs from the hand-made config in the micro batch (a verl knob) and the rollout batch
+    (not one): the hand-made config with the pick's verl knobs is probed between them, and the headline is
+    what verl's knobs give."""
+    study = new_study()
+    seed = record(study, "ok", knobs(rollout_batch_size=8), 10.0, 0.5, seed_config="hand")
+    winner = record(
+        study,
+        "ok",
+        knobs(rollout_batch_size=16, micro_batch_size=4, gradient_accumulation_steps=2),
+        30.0,
+        0.6,
+    )
+    order: list[tuple[int, int]] = []
+    speeds = {(2, 8): [10.0, 10.0], (4, 8): [15.0, 15.0], (4, 16): [18.0, 18.0]}
+    comparison = gain.compare(study, winner, [seed], _probe_by(speeds, order), ProbeSettings())
+    assert order == [(2, 8), (4, 8), (4, 16)] * 2  # hand-made, hand-made with verl's knobs, recommended
+    assert comparison.verl(seed.number).ratio == pytest.approx(1.5)
+    assert comparison.probe_only(seed.number).ratio == pytest.approx(1.2)
+    assert comparison.ratio(seed.number) == pytest.approx(1.8)
+    result = write_report(study, tmp_path, BUDGET, plan=StudyPlan(model="tiny-llama"))
+    (line,) = [m for m in result.messages if "hand-made config 'hand'" in m]
+    assert line.startswith("1.50x the samples/s of the hand-made config 'hand' from the knobs verl reads")
+    assert "rollout_batch_size, which verl does not read, made 1.20x more in the probe" in line
+    summary = json.loads((tmp_path / "summary.json").read_text())["gain"][0]
+    assert (summary["ratio"], summary["verl"]["ratio"], summary["probe_only"]["ratio"]) == (1.8, 1.5, 1.2)
+
+
+def test_measurements_that_overlap_are_no_gain_beyond_noise(tmp_path):
+    study, seed, winner = _study_with_a_winner_and_a_hand_made_config()
+    gain.compare(study, winner, [seed], _probe({"2": [10.0, 11.0], "4": [10.5, 11.5]}, []), ProbeSettings())
+    result = write_report(study, tmp_path, BUDGET, plan=StudyPlan(model="tiny-llama"))
+    (line,) = [m for m in result.messages if "hand-made config 'hand'" in m]
+    assert line.startswith("no gain beyond the probes' noise over the hand-made config 'hand'")
+    assert "1.05x (every pair of back-to-back measurements 0.95-1.15x)" in line
+    assert json.loads((tmp_path / "summary.json").read_text())["gain"][0]["verl"]["beyond_noise"] is False
 
 
 def test_a_confirmation_replaces_the_headline():

@@ -1,4 +1,5 @@
 import io
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -10,10 +11,11 @@ from autotune.search.prepare import (
     check_floor,
     check_offload,
     default_study_name,
+    hold_unexported,
     parse_duration,
     resolve_space,
 )
-from autotune.search.space import load_space, shipped_dir
+from autotune.search.space import load_space, shipped_dir, space_from_dict
 from autotune.search.study import Budget
 from autotune.units import GIB
 
@@ -221,3 +223,33 @@ def test_run_says_why_a_hand_made_config_is_not_enqueued():
     assert (
         sixteen.seed_configs == () and "micro_batch_size×gpus=32×16=512" in unfit_seed_lines(sixteen, [])[0]
     )
+
+
+def _gain_space():
+    return load_space(str(Path(__file__).parent / "data" / "gain_space.yaml"), cores=2)
+
+
+def test_a_knob_verl_does_not_read_is_held_at_a_hand_made_configs_value():
+    """gain_space searches the rollout batch (8 or 16); its hand-made configs use 8 and 16: the study holds
+    8, the first one's, and probes the second at 8 too, as verl would run it (verl has no rollout batch)."""
+    out = io.StringIO()
+    space = hold_unexported(_gain_space(), False, Console(file=out, width=300))
+    assert space.knob("rollout_batch_size").values() == (8,) and not space.knob("rollout_batch_size").searched
+    assert [seed.config.rollout_batch_size for seed in space.seed_configs] == [8, 8]
+    assert [seed.name for seed in space.seed_configs] == ["hand-made slow corner", "hand-made large batches"]
+    said = out.getvalue()
+    assert said.startswith("note: rollout_batch_size held at 8 (a hand-made config's): verl has no such knob")
+    assert "--search-unexported searches it anyway; hand-made 'hand-made large batches' probed at 8" in said
+
+
+def test_search_unexported_searches_it_and_a_space_without_hand_made_configs_holds_the_largest():
+    space = _gain_space()
+    assert hold_unexported(space, True, Console(file=io.StringIO())) is space
+    bare = space_from_dict({**space.raw, "seed_configs": []}, source="bare", cores=2)
+    out = io.StringIO()
+    assert hold_unexported(bare, False, Console(file=out, width=300)).knob("rollout_batch_size").values() == (
+        16,
+    )
+    assert "held at 16 (the space's largest)" in out.getvalue()
+    run_help = build_parser()._subparsers._group_actions[0].choices["run"].format_help()
+    assert "--search-unexported" in run_help

@@ -15,7 +15,7 @@ from autotune.probe.launcher import run_probe
 from autotune.report.selection import select
 from autotune.report.write import study_plan, write_report
 from autotune.search import gain
-from autotune.search.live import reprobe_line
+from autotune.search.live import side_line
 from autotune.search.storage import default_storage_url
 from autotune.search.study import Budget, check_study_name, open_study
 from autotune.status import Attr, StudyAttr
@@ -90,8 +90,8 @@ def confirm_winner(
             run_probe,
             settings,
             confirmed=True,
-            on_result=lambda trial, result, number=chosen.number: console.print(
-                reprobe_line(trial, result, number), markup=False, highlight=False
+            on_result=lambda label, result: console.print(
+                side_line(label, result), markup=False, highlight=False
             ),
         )
         if comparison is None:

@@ -54,10 +54,19 @@ INT_COLUMNS = ("calibration_points", "duplicate_of", "dominates_oom_trial", "log
 class Gain:
     name: str  # the hand-made config's name
     trial: FrozenTrial
-    ratio: float | None  # chosen samples/sec over the seed's (None when the seed did not run ok)
+    ratio: float | None  # chosen samples/sec over the seed's as probed (None when the seed did not run ok)
     back_to_back: bool = False  # from the comparison probed in turn (search.gain), not first measurements
     seed_speed: float | None = None  # the hand-made config's samples/sec the ratio rests on
     conditions: list[str] = field(default_factory=list)  # what other work took during those probes
+    # back to back only: what verl's knobs give (the headline), with the pairwise range of its measurements,
+    # and what the knobs verl does not read give on top (None when the pick shares them)
+    verl: gain.Spread | None = None
+    probe_only: gain.Spread | None = None
+
+    @property
+    def headline(self) -> float | None:
+        """The gain a verl job gets: verl's knobs only when measured so, else the ratio as probed."""
+        return self.verl.ratio if self.verl is not None else self.ratio
 
 
 @dataclass
@@ -313,8 +322,10 @@ def seed_gains(
                     trial,
                     comparison.ratio(trial.number),
                     back_to_back=True,
-                    seed_speed=statistics.mean(speeds),
+                    seed_speed=statistics.mean(speeds) if speeds else None,
                     conditions=comparison.disturbed(),
+                    verl=comparison.verl(trial.number),
+                    probe_only=comparison.probe_only(trial.number),
                 )
             )
             continue

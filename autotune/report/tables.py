@@ -11,6 +11,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.config.knobs import ProbeConfig
 from autotune.formats.rollout import RULES
+from autotune.formats.verl_table import not_verl_knobs
 from autotune.models.names import verl_model_path
 from autotune.probe.conditions import worst_disturbance
 from autotune.search import pick
@@ -20,7 +21,7 @@ from autotune.status import Attr, Status
 from autotune.units import GIB
 
 if TYPE_CHECKING:
-    from autotune.report.data import ReportData
+    from autotune.report.data import Gain, ReportData
     from autotune.search.plan import StudyPlan
 
 __all__ = [
@@ -206,6 +207,7 @@ def gains_table(report: ReportData) -> Table:
         "samples/s",
         "peak GiB",
         "tuned / hand-made",
+        "from verl's knobs",
         "measured",
     ]
     rows = []
@@ -218,10 +220,15 @@ def gains_table(report: ReportData) -> Table:
                 "runs where it did not" if report.selection.chosen and trial_status(t) != Status.OK else "-"
             )
         )
+        verl = (
+            "-"
+            if gain.verl is None
+            else f"{gain.verl.ratio:.2f}x ({gain.verl.low:.2f}-{gain.verl.high:.2f}x)"
+        )
         speed = gain.seed_speed if gain.seed_speed is not None else t.values[0]
         basis = "back to back, in turn" if gain.back_to_back else "first probes (not back to back)"
         rows.append(
-            [gain.name, f"#{t.number}", trial_status(t), f"{speed:.3f}", gib(t.values[1]), ratio, basis]
+            [gain.name, f"#{t.number}", trial_status(t), f"{speed:.3f}", gib(t.values[1]), ratio, verl, basis]
         )
     return headers, rows
 
@@ -390,22 +397,44 @@ def verdict_line(report: ReportData) -> str:
 
 
 def gain_lines(report: ReportData) -> list[str]:
-    """Each gain with what it rests on: measured back to back, or the first measurements (with the warning
+    """Each gain as verl would see it, with what it rests on: back to back with the range of its pairwise
+    ratios (or "no gain beyond noise" when that range reaches 1), or the first measurements (with the warning
     that the machine's load may have made it), and what other work took meanwhile."""
     lines = []
     for g in report.gains:
-        if not g.ratio:
-            continue
-        if g.back_to_back:
-            basis = "measured back to back, in turn, in the same conditions"
-        else:
+        busy = f"; during those probes {'; '.join(g.conditions)}" if g.conditions else ""
+        if g.verl is not None:
+            lines.append(_back_to_back_line(g, busy))
+        elif g.ratio:
             basis = (
                 "first measurements, not back to back: the machine's load at each probe may account for "
                 "part of it"
             )
-        busy = f"; during those probes {'; '.join(g.conditions)}" if g.conditions else ""
-        lines.append(f"{g.ratio:.2f}x the samples/s of the hand-made config '{g.name}' ({basis}{busy}).")
+            lines.append(f"{g.ratio:.2f}x the samples/s of the hand-made config '{g.name}' ({basis}{busy}).")
     return lines
+
+
+def _back_to_back_line(g: Gain, busy: str) -> str:
+    """`1.32x the samples/s of the hand-made config 'x' from verl's knobs (back to back: every pair of
+    measurements 1.24-1.41x)`, or that no gain stands out of the probes' noise."""
+    spread = g.verl
+    assert spread is not None
+    pairs = f"every pair of back-to-back measurements {spread.low:.2f}-{spread.high:.2f}x"
+    extra = ""
+    if g.probe_only is not None:
+        extra = (
+            f"; {', '.join(not_verl_knobs())}, which verl does not read, made {g.probe_only.ratio:.2f}x more "
+            f"in the probe (not in a verl job)"
+        )
+    if not spread.beyond_noise:
+        return (
+            f"no gain beyond the probes' noise over the hand-made config '{g.name}' from verl's knobs: "
+            f"{spread.ratio:.2f}x ({pairs}){extra}{busy}."
+        )
+    return (
+        f"{spread.ratio:.2f}x the samples/s of the hand-made config '{g.name}' from the knobs verl reads "
+        f"({pairs}){extra}{busy}."
+    )
 
 
 def conditions_lines(report: ReportData) -> list[str]:

@@ -209,6 +209,9 @@ def summary(
                 "back_to_back": g.back_to_back,
                 "hand_made_samples_per_sec": g.seed_speed,
                 "conditions": g.conditions,
+                # what a verl job gets: the knobs verl reads, with the range of the pairwise ratios
+                "verl": None if g.verl is None else g.verl.to_dict(),
+                "probe_only": None if g.probe_only is None else g.probe_only.to_dict(),
             }
             for g in report.gains
         ],

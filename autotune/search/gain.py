@@ -11,6 +11,7 @@ gain and headline figures come from it (`headline`, `gain_ratio`).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import statistics
 import threading
@@ -21,6 +22,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from autotune.config.knobs import ProbeConfig
+from autotune.formats.verl_table import not_verl_knobs
 from autotune.probe.conditions import worst_disturbance
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.search import pick
@@ -31,10 +34,16 @@ __all__ = [
     "ROUNDS",
     "Comparison",
     "Headline",
+    "Side",
+    "Spread",
     "compare",
     "comparison_for",
     "hand_made_rivals",
     "headline",
+    "sides",
+    "spread",
+    "verl_side_key",
+    "with_verl_knobs",
 ]
 
 ROUNDS = 2  # each side probed twice: one slow stretch of the machine cannot fall on one side only
@@ -54,9 +63,79 @@ def hand_made_rivals(trials: list[FrozenTrial], winner: FrozenTrial) -> list[Fro
     return list(found.values())
 
 
+def verl_side_key(seed: int) -> str:
+    """The measurements' key of a hand-made config run with the pick's verl knobs (see `sides`)."""
+    return f"{seed}:verl"
+
+
+@dataclass(frozen=True)
+class Side:
+    """One configuration of a comparison: its key in the measurements, what it runs, and how lines name it."""
+
+    key: str
+    config: ProbeConfig
+    label: str
+
+
+def with_verl_knobs(hand_made: ProbeConfig, winner: ProbeConfig) -> ProbeConfig:
+    """The recommended configuration with the hand-made one's values of the knobs verl does not read (the
+    rollout batch): in verl, the same job as the recommended one; in the probe, the hand-made config with
+    only verl's knobs changed to the pick's."""
+    return dataclasses.replace(winner, **{name: getattr(hand_made, name) for name in not_verl_knobs()})
+
+
+def sides(winner: FrozenTrial, rivals: list[FrozenTrial]) -> list[Side]:
+    """What one round probes, in turn: each hand-made config, then (when it differs from the pick in a knob
+    verl does not read) the same with only verl's knobs set to the pick's, then the pick. The second makes
+    the gain verl would see: hand-made -> second is what verl's knobs give, second -> pick what only the
+    probe's own knobs give."""
+    pick_config = trial_config(winner)
+    order = []
+    for trial in rivals:
+        label = trial.user_attrs.get(Attr.SEED_CONFIG)
+        config = trial_config(trial)
+        order.append(Side(str(trial.number), config, f"#{trial.number} (hand-made '{label}')"))
+        mixed = with_verl_knobs(config, pick_config)
+        if config_key(mixed) != config_key(pick_config):
+            mixed_label = f"#{trial.number} with #{winner.number}'s verl knobs"
+            order.append(Side(verl_side_key(trial.number), mixed, mixed_label))
+    return [*order, Side(str(winner.number), pick_config, f"#{winner.number} (recommended)")]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A ratio of two configurations' mean samples/sec, and the lowest and highest ratio of any pair of their
+    measurements: the ratio is beyond the probes' noise when even the lowest exceeds 1."""
+
+    ratio: float
+    low: float
+    high: float
+
+    @property
+    def beyond_noise(self) -> bool:
+        return self.low > 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ratio": round(self.ratio, 4),
+            "low": round(self.low, 4),
+            "high": round(self.high, 4),
+            "beyond_noise": self.beyond_noise,
+        }
+
+
+def spread(faster: list[float], slower: list[float]) -> Spread | None:
+    """mean(faster) / mean(slower), with the range of the pairwise ratios; None when either side failed."""
+    if not faster or not slower or min(faster) <= 0 or min(slower) <= 0:
+        return None
+    pairs = [a / b for a in faster for b in slower]
+    return Spread(statistics.mean(faster) / statistics.mean(slower), min(pairs), max(pairs))
+
+
 @dataclass(frozen=True)
 class Comparison:
-    """One back-to-back comparison as stored: every measurement by trial number, in the order taken."""
+    """One back-to-back comparison as stored: every measurement by side (a trial number, or `<seed>:verl`
+    for a hand-made config with the pick's verl knobs), in the order taken."""
 
     winner: int
     iterations: int
@@ -64,18 +143,32 @@ class Comparison:
     measurements: dict[str, list[dict[str, Any]]]
     taken: str
 
-    def speeds(self, number: int) -> list[float]:
-        return [pick.reprobe_speed(m) for m in self.measurements[str(number)]]
+    def speeds(self, key: int | str) -> list[float]:
+        return [pick.reprobe_speed(m) for m in self.measurements.get(str(key), [])]
 
-    def peaks(self, number: int) -> list[int]:
+    def peaks(self, number: int | str) -> list[int]:
         return [int(m["peak_memory_bytes"]) for m in self.measurements[str(number)]]
 
     def ratio(self, seed: int) -> float | None:
         """Mean samples/sec of the winner over the hand-made config's, None when either failed once."""
-        mine, theirs = self.speeds(self.winner), self.speeds(seed) if str(seed) in self.measurements else []
-        if not mine or not theirs or min(mine) <= 0 or min(theirs) <= 0:
-            return None
-        return statistics.mean(mine) / statistics.mean(theirs)
+        found = self.total(seed)
+        return None if found is None else found.ratio
+
+    def total(self, seed: int) -> Spread | None:
+        """The recommended config over the hand-made one, as the probe measured them."""
+        return spread(self.speeds(self.winner), self.speeds(seed))
+
+    def verl(self, seed: int) -> Spread | None:
+        """What verl's knobs give: the hand-made config with the pick's verl knobs (the pick itself when they
+        share every other knob) over the hand-made one."""
+        key = verl_side_key(seed)
+        faster = self.speeds(key) if key in self.measurements else self.speeds(self.winner)
+        return spread(faster, self.speeds(seed))
+
+    def probe_only(self, seed: int) -> Spread | None:
+        """What the knobs verl does not read give on top (None when the two share them)."""
+        key = verl_side_key(seed)
+        return spread(self.speeds(self.winner), self.speeds(key)) if key in self.measurements else None
 
     def disturbed(self) -> list[str]:
         """The most other work took during the comparison's probes; [] when it never mattered."""
@@ -111,22 +204,22 @@ def compare(
     confirmed: bool = False,
     rounds: int = ROUNDS,
     cancel: threading.Event | None = None,
-    on_result: Callable[[FrozenTrial, ProbeResult], None] = lambda trial, result: None,
+    on_result: Callable[[str, ProbeResult], None] = lambda label, result: None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> Comparison | None:
-    """Probe each rival and the winner in turn, `rounds` times; store and return the comparison, or None
-    when it was stopped before each side had one measurement (nothing half-made is kept)."""
-    order = [*rivals, winner] if rivals else [winner]
-    taken: dict[str, list[dict[str, Any]]] = {str(t.number): [] for t in order}
+    """Probe each side (`sides`) in turn, `rounds` times; store and return the comparison, or None when it
+    was stopped before each side had one measurement (nothing half-made is kept)."""
+    order = sides(winner, rivals)
+    taken: dict[str, list[dict[str, Any]]] = {side.key: [] for side in order}
     for _ in range(rounds):
-        for trial in order:
+        for side in order:
             if should_stop() or (cancel is not None and cancel.is_set()):
                 return _keep(study, winner, settings, confirmed, taken)
-            result = probe(trial_config(trial), settings, cancel=cancel)
+            result = probe(side.config, settings, cancel=cancel)
             if cancel is not None and cancel.is_set():
                 return _keep(study, winner, settings, confirmed, taken)
-            taken[str(trial.number)].append(_measurement(result))
-            on_result(trial, result)
+            taken[side.key].append(_measurement(result))
+            on_result(side.label, result)
     return _keep(study, winner, settings, confirmed, taken)
 
 

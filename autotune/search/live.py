@@ -29,8 +29,8 @@ __all__ = [
     "Narrator",
     "eta_text",
     "probing_text",
-    "reprobe_line",
     "short_config",
+    "side_line",
     "trial_line",
     "verl_short",
 ]
@@ -118,15 +118,12 @@ def trial_line(trial: FrozenTrial, searched_recipe: Sequence[str] = ()) -> str:
     return "  ".join(parts)
 
 
-def reprobe_line(trial: FrozenTrial, result: ProbeResult, recommended: int | None = None) -> str:
+def side_line(label: str, result: ProbeResult) -> str:
     """`  #5 (recommended): ok 8.430 samples/s, 0.592 GiB [other work ...]`: one probe of the back-to-back
-    gain or of a confirmation, named as the recommended or a hand-made config."""
-    label = trial.user_attrs.get(Attr.SEED_CONFIG)
-    who = "recommended" if trial.number == recommended else f"hand-made '{label}'" if label else ""
+    gain or of a confirmation (autotune.search.gain.Side's label)."""
     busy = disturbance(result.environment)
-    named = f" ({who})" if who else ""
     return (
-        f"  #{trial.number}{named}: {result.status} {result.samples_per_sec:.3f} samples/s, "
+        f"  {label}: {result.status} {result.samples_per_sec:.3f} samples/s, "
         f"{result.peak_memory_bytes / GIB:.3f} GiB" + (f" [{busy}]" if busy else "")
     )
 

@@ -19,7 +19,14 @@ from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report.selection import best_feasible
 from autotune.search import gain, pick
 from autotune.search.coordination import SWEEP_SECONDS, recover_stale_trials
-from autotune.search.live import Narrator, eta_text, probing_text, reprobe_line, short_config, trial_line
+from autotune.search.live import (
+    Narrator,
+    eta_text,
+    probing_text,
+    short_config,
+    side_line,
+    trial_line,
+)
 from autotune.search.slots import Slot, oversubscribed
 from autotune.search.study import finished_trials, status_counts, trial_status
 from autotune.search.tuner import Tuner
@@ -377,8 +384,8 @@ def settle_gain(
         f"{rounds} times each, in the same conditions"
     )
 
-    def show(trial, result: ProbeResult) -> None:
-        say(reprobe_line(trial, result, winner.number))
+    def show(label: str, result: ProbeResult) -> None:
+        say(side_line(label, result))
 
     with StopControl(narrator.console) as control:
         try:

@@ -49,6 +49,7 @@ __all__ = [
     "data_prompts_file",
     "default_study_name",
     "fit_space_to_data",
+    "hold_unexported",
     "length_knob_at_least",
     "machine_identity",
     "parse_duration",
@@ -108,6 +109,7 @@ class RunOptions:
     gain_rounds: int = 2  # back-to-back rounds of the recommended and hand-made configs at the end (0: none)
     engine: str = "builtin"  # what runs a probe: autotune's PPO iteration, or verl itself (--verl-python)
     verl_python: str | None = None
+    search_unexported: bool = False  # search knobs verl does not read (the rollout batch) all the same
 
 
 def default_study_name(space_name: str, model: str, gpus: int, fingerprint: str) -> str:
@@ -197,6 +199,7 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
 
     space, lengths = resolve_space(options, console)
     check_engine_knobs(space, options.engine)
+    space = hold_unexported(space, options.search_unexported, console)
     device = resolve_device(options.device, space.gpus)
     if options.engine == "verl":
         announce_verl(options.verl_python, device, console)
@@ -312,6 +315,38 @@ def without_unmeasurable_offload(space: SearchSpace, device: str, console: Conso
         "a GPU run searches both)",
         soft_wrap=True,
     )
+    return space_from_dict(data, source=space.source, cores=space.cores, name=space.name)
+
+
+def hold_unexported(space: SearchSpace, search_anyway: bool, console: Console) -> SearchSpace:
+    """Knobs verl has no key for (autotune.formats.verl_table: the rollout batch) change nothing in the job
+    the study hands over, so a study does not spend probes on them: each is held at one value, the first
+    hand-made config's when the space offers it (that config is then probed as written), else the space's
+    largest (verl generates a step's prompts together). Hand-made configs with another value are probed at the
+    held one, as verl would run them. `search_anyway` (--search-unexported) searches them all the same; the
+    report then splits the gain into what verl's knobs make and what these make."""
+    from autotune.formats.verl_table import not_verl_knobs
+
+    searched = [name for name in not_verl_knobs() if space.knob(name).searched]
+    if search_anyway or not searched:
+        return space
+    data = copy.deepcopy(dict(space.raw))
+    for name in searched:
+        values = space.knob(name).values(space.cores)
+        source = next((s.config for s in space.seed_configs if getattr(s.config, name) in values), None)
+        held = max(values) if source is None else getattr(source, name)
+        data["knobs"][name] = held
+        moved = [raw for raw in data.get("seed_configs") or [] if raw.get(name) not in (None, held)]
+        for raw in moved:
+            raw[name] = held
+        whose = "the space's largest" if source is None else "a hand-made config's"
+        console.print(
+            f"note: {name} held at {held} ({whose}): verl has no such knob, so searching it would not change "
+            f"the job handed over; --search-unexported searches it anyway"
+            + (f"; hand-made {', '.join(repr(r['name']) for r in moved)} probed at {held}" if moved else ""),
+            soft_wrap=True,
+            markup=False,
+        )
     return space_from_dict(data, source=space.source, cores=space.cores, name=space.name)
 
 
