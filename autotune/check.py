@@ -9,12 +9,14 @@ both: a file that names no sharding is held as verl holds it by default, FSDP fu
 Each finding has a severity: a problem (a broken rule, a config that will not fit: exit 1), a warning (the
 article's advice: exit 0) or a note (context). The findings:
 - the configuration rules (`autotune.config.rules`), the same the study and `autotune probe` enforce; for an
-  override file verl 0.9.1's own rules on its keys instead of the divisibility rules;
+  override file verl 0.9.1's own rules on its keys instead of the divisibility rules, and a warning for each
+  key verl accepts but its default trainer (V1, sync) does not read (`autotune.formats.verl_table`);
 - num_rollout_workers against the physical cores of *this* machine unless `--cores` gives the training
   machine's: a warning (the article's advice, not an invariant);
 - a rollout batch so small that the GPUs may starve: the article flags a rollout batch below 64 in examples
   of 1-2 GPUs, i.e. 32 sequences per GPU; autotune asks R >= 64 and R/W >= 32. A warning, and only a note when
-  the file carries the study's measurement of this config (a heuristic never overrules a measurement);
+  the file carries the study's measurement of this config (a heuristic never overrules a measurement); not for
+  a verl file (verl has no rollout batch: a step's prompts generate together);
 - the lengths against a dataset's suggestions (`--data`), and against the model's position embeddings;
 - a reward model marked trainable;
 - memory, judged as the study judges it: peak <= budget × (1 − headroom) fits, above the card is a problem,
@@ -22,7 +24,8 @@ article's advice: exit 0) or a note (context). The findings:
   the budget and headroom recorded there, the memory model's prediction shown beside it as information. Asked
   about a card (--gpu, --memory) or another GPU count, the study's memory model decides (`MemoryModel`, built
   as `search.prepare` builds it: the device's priors; calibrated on the file's measurement when that was taken
-  on CUDA), with the states held as the config holds them (`autotune.memory.sharded`; HF generate, not vLLM),
+  on CUDA), with the states held as the config holds them (`autotune.memory.sharded`; HF generate, not vLLM;
+  for a verl file without the generate phase, since verl's rollout is vLLM's pool),
   the measurement shown for reference; first aid when it does not fit (`autotune.memory.advice`: a switch
   that fits alone, gradient checkpointing or sharding, before the article's steps and shorter lengths).
 """

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RESULTS",
+    "current_key",
     "grid_table",
     "machine",
     "memory_model_for",
@@ -98,7 +99,16 @@ def grid_table(path: Path) -> dict[str, dict[str, Any]]:
     if not path.exists():
         return {}
     rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-    return {row["key"]: row["result"] for row in rows}
+    return {current_key(row["key"]): row["result"] for row in rows}
+
+
+def current_key(stored: str) -> str:
+    """A table's config key as today's `config_key` writes it: a key written before ProbeConfig gained a
+    field (verl's knobs) reads with that field at its default."""
+    from autotune.config.knobs import ProbeConfig
+    from autotune.search.study import config_key
+
+    return config_key(ProbeConfig(**json.loads(stored)))
 
 
 def _version(package: str) -> str | None:

@@ -4,7 +4,9 @@ searches and a grid, with the probe noise the tables carry.
     .venv/bin/python -m bench.search_replay [--tables ppo-1rank,sharded-2rank,grpo-lora-rm] [--seeds 20]
                                             [--methods autotune,random,...] [--json PATH]
 
-Each table (bench/search_tables.py) holds every configuration of its space probed twice. A replayed probe
+Each table (bench/search_tables.py) holds every configuration of its space probed twice. As `autotune run`
+does, the replay holds the rollout batch (not a verl knob) at the hand-made config's value and replays the
+configurations with that value only (`--search-unexported`: the whole table). A replayed probe
 of a configuration returns one of its two measurements, drawn by the seed, with the space's memory budget
 applied as a real run would (a peak above the budget is an emulated OOM: 0 samples/sec). A configuration's
 true figures are the means of its two measurements; it fits when its mean peak is within the budget less
@@ -49,11 +51,13 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from rich.console import Console
 
 from autotune.config.knobs import ProbeConfig
 from autotune.probe.contract import ProbeResult
 from autotune.report.selection import best_feasible
 from autotune.search import pick
+from autotune.search.prepare import hold_unexported
 from autotune.search.sampler import SystemSampler
 from autotune.search.space import SearchSpace
 from autotune.search.study import Budget, config_key, enqueue_seed_configs, make_sampler
@@ -76,11 +80,15 @@ class Truth:
     runs: dict[str, list[dict[str, Any]]]  # config key -> its ProbeResult dicts
 
     @classmethod
-    def load(cls, table: Table) -> Truth:
-        space = table.space(cores=2)
+    def load(cls, table: Table, search_unexported: bool = False) -> Truth:
+        """The table as `autotune run` searches its space: the knobs verl does not read held at one value
+        (autotune.search.prepare.hold_unexported), unless `search_unexported` (the whole table)."""
+        space = hold_unexported(table.space(cores=2), search_unexported, Console(quiet=True))
+        wanted = {config_key(c) for c in space.grid()}
         runs: dict[str, list[dict[str, Any]]] = {}
         for row in load_rows(table.path):
-            runs.setdefault(row["key"], []).append(row["result"])
+            if row["key"] in wanted:
+                runs.setdefault(row["key"], []).append(row["result"])
         missing = [c for c in space.grid() if config_key(c) not in runs]
         if missing:
             raise SystemExit(
@@ -279,8 +287,10 @@ def pick_share(search: Search) -> float:
     return truth.speed(search.pick) / best_top if search.pick and truth.fits(search.pick) else 0.0
 
 
-def replay_table(table: Table, methods: list[str], seeds: int) -> dict[str, Any]:
-    truth = Truth.load(table)
+def replay_table(
+    table: Table, methods: list[str], seeds: int, search_unexported: bool = False
+) -> dict[str, Any]:
+    truth = Truth.load(table, search_unexported)
     figures: dict[str, Any] = {"table": table.name, "configurations": len(truth.runs), "methods": {}}
     figures["optimum"] = truth.optimum
     figures["feasible"] = sum(truth.fits(k) for k in truth.runs)
@@ -410,6 +420,12 @@ def main(argv: Iterator[str] | None = None) -> None:
         "--markdown", action="store_true", help="also print each table as BENCHMARKS.md has it"
     )
     parser.add_argument("--trace", type=int, metavar="SEED", help="print each probe of one seed's searches")
+    parser.add_argument(
+        "--search-unexported",
+        action="store_true",
+        help="replay the whole table, the rollout batch searched too (by default it is held as "
+        "`autotune run` holds it: verl does not read it)",
+    )
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.trace is not None:
@@ -419,7 +435,9 @@ def main(argv: Iterator[str] | None = None) -> None:
     print("found and pick: share of the optimum, median (worst) over seeds; oom/search: mean (max)")
     results = []
     for name in args.tables.split(","):
-        figures = replay_table(table_by_name(name), args.methods.split(","), args.seeds)
+        figures = replay_table(
+            table_by_name(name), args.methods.split(","), args.seeds, args.search_unexported
+        )
         print_table(figures)
         if args.markdown:
             print("\n" + markdown(figures))

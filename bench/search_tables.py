@@ -62,10 +62,12 @@ def table_by_name(name: str) -> Table:
 
 
 def load_rows(path: Path) -> list[dict[str, Any]]:
-    """The table's rows in file order ({"key", "pass", "result", "loadavg"}); [] before it is measured."""
+    """The table's rows in file order ({"key", "pass", "result", "loadavg"}), keyed as `config_key` keys
+    today; [] before it is measured."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [{**row, "key": common.current_key(row["key"])} for row in rows]
 
 
 def measure(table: Table, passes: int) -> None:

@@ -13,6 +13,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 # cpu-tiny's shape at a quarter of its work (probes of about 3 s): for e2e runs that need a few real probes
 QUICK_SPACE = str(REPO / "tests" / "data" / "quick_space.yaml")
+# cpu-tiny as it was until 2026-12-01 (240 configurations, a budget over half of them exceed): the grid the
+# sampler's, the Optuna view's and verl's knobs' tests were written against
+TINY_GRID = REPO / "tests" / "data" / "tiny_grid_space.yaml"
 ISSUE_EXAMPLE = [
     "--set",
     "train_batch_size=16",

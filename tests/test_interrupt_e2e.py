@@ -98,11 +98,14 @@ def test_double_ctrl_c_on_the_hand_made_trial_then_resume(tmp_path):
         )
         assert gain["ratio"] == pytest.approx(ratio, rel=1e-3)
         # the report shows the ratio to 2 decimals; summary.json keeps 4 (1.2049 reads 1.20 there, 1.205 here)
-        said = re.search(
-            rf"([\d.]+)x the samples/s of the hand-made config '{re.escape(gain['hand_made'])}' "
-            r"\(measured back to back",
+        name = re.escape(gain["hand_made"])
+        said = re.search(  # a gain beyond the noise of the measurements, or not
+            rf"([\d.]+)x the samples/s of the hand-made config '{name}' from the knobs verl reads"
+            rf"|no gain beyond the probes' noise over the hand-made config '{name}' from verl's knobs: "
+            r"([\d.]+)x",
             report,
         )
-        assert said and float(said[1]) == pytest.approx(ratio, abs=0.0051), report
+        assert said and float(said[1] or said[2]) == pytest.approx(ratio, abs=0.0051), report
+        assert gain["verl"]["ratio"] == pytest.approx(ratio, rel=1e-3)  # the pick shares the rollout batch
     lines = log.read_text()
     assert "#0   interrupted" in lines and f"hand-made '{LABEL}'" in lines and "measuring the gain" in lines

@@ -31,9 +31,10 @@ from autotune.search.study import Budget, open_study
 from autotune.search.tuner import Tuner
 from autotune.status import Attr, Status
 from autotune.units import GIB
+from tests.conftest import TINY_GRID
 from tests.test_study import FakeProbe
 
-SPACE = load_space("cpu-tiny", cores=2)
+SPACE = load_space(str(TINY_GRID), cores=2)
 BUDGET = Budget(int(0.70 * GIB), 0.10)
 MODEL = MemoryModel(Architecture.from_specs(resolve_model("tiny-llama")), 1, "cpu")
 

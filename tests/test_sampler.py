@@ -19,9 +19,10 @@ from autotune.search.surrogate import Observation, SpeedModel
 from autotune.search.tuner import Tuner
 from autotune.status import Attr, Status, StudyAttr
 from autotune.units import GIB
+from tests.conftest import TINY_GRID
 from tests.test_memory_model import TINY
 
-SPACE = load_space("cpu-tiny", cores=2)
+SPACE = load_space(str(TINY_GRID), cores=2)
 PRIOR = MemoryModel(TINY, 1, "cpu")
 
 

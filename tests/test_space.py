@@ -2,6 +2,7 @@
 the recipe stays fixed unless `tune:` names it."""
 
 import dataclasses
+import io
 import itertools
 from importlib import resources
 from pathlib import Path
@@ -9,11 +10,13 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import FixedTrial
+from rich.console import Console
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.rules import config_findings
 from autotune.errors import UserError
 from autotune.formats.verl_table import not_verl_knobs
+from autotune.search.prepare import hold_unexported
 from autotune.search.space import (
     RECIPE_KNOBS,
     SpaceError,
@@ -138,7 +141,10 @@ def test_cpu_tiny_fits_this_machine_and_its_budget_is_set():
     space = load_space("cpu-tiny")  # this machine's cores
     assert space.memory_budget_gib is not None
     assert all(config_to_params(space, seed.config) is not None for seed in space.seed_configs)
-    assert space.size() == len(space.grid()) <= 250  # small enough to probe all of it on a CPU
+    assert space.size() == len(space.grid())
+    # as a study searches it (the rollout batch held): small enough to probe all of it on a CPU
+    held = hold_unexported(space, False, Console(file=io.StringIO()))
+    assert held.size() <= 250 and held.knob("rollout_batch_size").values() == (32,)
 
 
 def test_the_13b_space_shards_and_may_offload():

@@ -28,6 +28,7 @@ from autotune.search.space import (
     space_from_dict,
 )
 from autotune.units import GIB
+from tests.conftest import TINY_GRID
 
 BASE = ProbeConfig(
     rollout_batch_size=16,
@@ -181,7 +182,7 @@ VERL_SPACE_KNOBS = {
 def space(**knobs):
     from autotune.search.space import load_space
 
-    tiny = load_space("cpu-tiny", cores=4)
+    tiny = load_space(str(TINY_GRID), cores=4)
     data = copy.deepcopy(dict(tiny.raw))
     data["gpus"] = 2
     data["knobs"].update(knobs)
