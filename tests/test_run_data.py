@@ -5,7 +5,7 @@ import json
 import optuna
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import TINY_GRID, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -26,7 +26,7 @@ def test_run_with_data_bounds_lengths_and_probes_its_prompts(tmp_path):
         "--gain-rounds",  # the back-to-back gain has its own tests (test_interrupt_e2e, test_live_and_gain)
         "0",
         "--space",
-        "cpu-tiny",
+        str(TINY_GRID),
         "--trials",
         "2",
         "--device",

@@ -101,7 +101,7 @@ def test_tune_opts_a_ranged_recipe_knob_into_the_search(tmp_path):
         ({"mini_batch_size": 3}, "--mini-batch-size 3: must be gpus×rollout_n×2^k = 1×2^k, e.g. 2 or 4"),
         (
             {"tune": ["train_batch_size"]},
-            "--tune train_batch_size: {source} fixes train_batch_size=32, and --tune cannot invent a range: "
+            "--tune train_batch_size: {source} fixes train_batch_size=16, and --tune cannot invent a range: "
             "give train_batch_size a range {{min: .., max: ..}} in a copy of the space file",
         ),
         (
@@ -111,7 +111,7 @@ def test_tune_opts_a_ranged_recipe_knob_into_the_search(tmp_path):
         ),
         (
             {"mini_batch_size": 64},
-            "{source}: mini_batch_size.min=64: exceeds train_batch_size.max=32: T must be a whole number of "
+            "{source}: mini_batch_size.min=64: exceeds train_batch_size.max=16: T must be a whole number of "
             "mini-batches",
         ),
     ],

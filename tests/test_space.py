@@ -144,7 +144,7 @@ def test_cpu_tiny_fits_this_machine_and_its_budget_is_set():
     assert space.size() == len(space.grid())
     # as a study searches it (the rollout batch held): small enough to probe all of it on a CPU
     held = hold_unexported(space, False, Console(file=io.StringIO()))
-    assert held.size() <= 250 and held.knob("rollout_batch_size").values() == (32,)
+    assert held.size() <= 250 and held.knob("rollout_batch_size").values() == (16,)
 
 
 def test_the_13b_space_shards_and_may_offload():
