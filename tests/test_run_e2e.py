@@ -18,6 +18,7 @@ import yaml
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.rules import config_findings
+from autotune.status import Attr
 from tests.conftest import QUICK_SPACE, REPO, run_cli, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -155,6 +156,14 @@ def _states(out: Path, name: str) -> list[str]:
         return []
 
 
+def _probing(out: Path, name: str) -> bool:
+    try:
+        trials = load(out, name).trials
+    except Exception:  # the file may not exist yet
+        return False
+    return any(t.state.name == "RUNNING" and Attr.CONFIG in t.user_attrs for t in trials)
+
+
 def tuner_command(out: Path, name: str, trials: int) -> list[str]:
     return [
         sys.executable,
@@ -181,10 +190,10 @@ def test_sigkill_mid_run_then_resume(tmp_path):
     command = tuner_command(tmp_path, name, trials=4)
     tuner = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        # wait until one trial is complete and the next is being probed
+        # wait until one trial is complete and the next is being probed (claimed: its config is set, so
+        # it has params to retry; a trial killed before sampling has nothing to retry)
         assert wait_for(
-            lambda: _states(tmp_path, name).count("COMPLETE") >= 1 and "RUNNING" in _states(tmp_path, name),
-            300,
+            lambda: _states(tmp_path, name).count("COMPLETE") >= 1 and _probing(tmp_path, name), 300
         )
     finally:
         os.kill(tuner.pid, signal.SIGKILL)

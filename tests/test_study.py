@@ -109,6 +109,27 @@ def test_stale_running_trial_is_failed_and_requeued_once(tmp_path):
     assert retry.suggest_categorical("max_prompt_length", [16, 32]) == first.params["max_prompt_length"]
 
 
+def test_hand_made_trial_killed_before_sampling_is_requeued_from_its_fixed_params(tmp_path):
+    tuner = make_tuner(tmp_path, FakeProbe())
+    tuner.study.enqueue_trial({"max_prompt_length": 32}, user_attrs={"seed_config": "verl-default"})
+    trial = tuner.study.ask()  # the tuner dies here: no suggest, so no params
+    trial.set_user_attr("host", __import__("socket").gethostname())
+    trial.set_user_attr("tuner_pid", 2**22 + 12345)
+    assert recover_stale_trials(tuner.study) == [0]
+    retry = tuner.study.ask()
+    assert retry.user_attrs == {"retry_of": 0, "seed_config": "verl-default"}
+    assert retry.suggest_categorical("max_prompt_length", [16, 32]) == 32
+
+
+def test_sampler_trial_killed_before_sampling_is_not_requeued(tmp_path):
+    tuner = make_tuner(tmp_path, FakeProbe())
+    trial = tuner.study.ask()
+    trial.set_user_attr("host", __import__("socket").gethostname())
+    trial.set_user_attr("tuner_pid", 2**22 + 12345)
+    assert recover_stale_trials(tuner.study) == [0]
+    assert not tuner.study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+
+
 def test_study_with_other_directions_is_refused(tmp_path):
     storage = f"sqlite:///{tmp_path / 'other.db'}"
     optuna.create_study(storage=storage, study_name="s", directions=["minimize", "minimize"])

@@ -175,9 +175,12 @@ def _tuner_alive(attrs: dict[str, Any]) -> bool:
 
 def _requeue_once(study: optuna.Study, trial: FrozenTrial) -> None:
     """Enqueue a dead tuner's trial once more, unless it was itself a retry (a config that kills the tuner
-    twice is recorded as failed, not re-run forever)."""
-    if Attr.RETRY_OF not in trial.user_attrs and trial.params:
-        retry_once(study, trial.params, trial.number, trial.user_attrs)
+    twice is recorded as failed, not re-run forever). A tuner that died between `ask` and sampling left no
+    params: an enqueued trial (a hand-made config) is queued again from its fixed params; a sampler's trial
+    had chosen nothing yet, so nothing is lost."""
+    params = trial.params or trial.system_attrs.get("fixed_params") or {}
+    if Attr.RETRY_OF not in trial.user_attrs and params:
+        retry_once(study, params, trial.number, trial.user_attrs)
 
 
 def retry_once(study: optuna.Study, params: dict[str, Any], number: int, attrs: dict[str, Any]) -> None:
