@@ -456,7 +456,7 @@ def _card(options: CheckOptions, target: Target) -> Card | None:
 
 def check(options: CheckOptions) -> CheckResult:
     """Read the config and run every check; UserError for input that cannot be read."""
-    target = read_target(options.path)
+    target = read_target(options.path, options.gpus)
     card = _card(options, target)  # an unknown --gpu is a usage error: before any work
     gpus = options.gpus or target.gpus or 1
     findings = list(target.findings)

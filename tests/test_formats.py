@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config.knobs import ProbeConfig
+from autotune.errors import UserError
 from autotune.formats.read import read_target
 from autotune.formats.seed_yaml import seed_document, seed_yaml
 from autotune.formats.verl import format_overrides, read_overrides, verl_overrides
@@ -57,7 +58,7 @@ def test_best_config_yaml_reads_back_as_the_same_config(name: str, tmp_path: Pat
     measured = {"samples_per_sec": 3.25, "gpus": 2, "budget_gib": 40.0}
     path = tmp_path / "best_config.yaml"
     path.write_text(
-        seed_yaml(seed_document(config, "llama-2-7b", "deberta-v3-large", measured), "# header\n")
+        seed_yaml(seed_document(config, "llama-2-7b", "deberta-v3-large", measured, gpus=2), "# header\n")
     )
     target = read_target(path)
     assert target.kind == "seed schema" and target.findings == []
@@ -67,6 +68,39 @@ def test_best_config_yaml_reads_back_as_the_same_config(name: str, tmp_path: Pat
         "OpenAssistant/reward-model-deberta-v3-large",
     )
     assert (target.gpus, target.memory_gib) == (2, 40.0)
+
+
+def _seed_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "rollout_batch_size: 64\ntrain_batch_size: 256\nmicro_batch_size: 8\nmax_prompt_length: 96\n"
+        "max_response_length: 128\n" + text
+    )
+    return path
+
+
+def test_best_config_yaml_names_the_mini_batch_as_the_spaces_do(tmp_path: Path):
+    document = seed_document(PPO, "llama-2-7b", "function", {"gpus": 2}, gpus=2)
+    assert (document["mini_batch_size"], document["gradient_accumulation_steps"]) == (64, 4)  # 8 × 4 × 2
+
+
+def test_a_seed_file_may_give_the_mini_batch_instead_of_the_steps(tmp_path: Path):
+    target = read_target(_seed_file(tmp_path, "mini_batch_size: 64\n"), gpus=2)
+    assert target.config is not None and target.config.gradient_accumulation_steps == 4
+    assert target.findings == []
+    with pytest.raises(UserError, match="mini_batch_size=60: not whole micro-batches"):
+        read_target(_seed_file(tmp_path, "mini_batch_size: 60\n"), gpus=2)
+    with pytest.raises(UserError, match="mini_batch_size \\(or gradient_accumulation_steps\\): missing"):
+        read_target(_seed_file(tmp_path, ""))
+
+
+def test_steps_that_disagree_with_the_mini_batch_are_a_problem_on_the_files_gpus(tmp_path: Path):
+    text = "mini_batch_size: 64\ngradient_accumulation_steps: 4\nmeasured: {gpus: 2}\n"
+    assert read_target(_seed_file(tmp_path, text)).findings == []  # 8 × 4 × 2
+    (mismatch,) = read_target(_seed_file(tmp_path, text), gpus=4).findings  # another GPU count
+    assert mismatch.severity == "note" and "checked as 2" in mismatch.problem
+    (wrong,) = read_target(_seed_file(tmp_path, text.replace("steps: 4", "steps: 3"))).findings
+    assert wrong.severity == "problem" and wrong.fix.startswith("gradient_accumulation_steps: 4")
 
 
 @pytest.mark.parametrize("gpus", [1, 2])

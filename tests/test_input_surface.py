@@ -19,7 +19,14 @@ from hypothesis import strategies as st
 
 from autotune.check import CheckOptions, check
 from autotune.cli import build_parser, main
-from autotune.config.knobs import KNOB_NAMES, ProbeConfig, parse_sets
+from autotune.config.knobs import (
+    KNOB_NAMES,
+    MINI_BATCH,
+    ProbeConfig,
+    mini_batch_size,
+    parse_sets,
+    resolve_mini_batch,
+)
 from autotune.config.rules import config_findings, raise_for
 from autotune.errors import UserError
 from autotune.formats.verl import format_overrides, verl_keys, verl_overrides
@@ -94,16 +101,16 @@ def test_a_time_budget_is_a_positive_duration_of_at_most_a_month_or_one_line(tex
 
 
 @BOUNDED
-@given(key=st.sampled_from(KNOB_NAMES), text=NUMBERS, gpus=st.integers(1, 8))
+@given(key=st.sampled_from([*KNOB_NAMES, MINI_BATCH]), text=NUMBERS, gpus=st.integers(1, 8))
 @example(key="sharding", text="0\n0", gpus=1)  # a newline in a value once broke the message into two lines
 def test_a_set_knob_gives_a_valid_config_or_one_line(key, text, gpus):
     try:
-        config = ProbeConfig(**parse_sets([f"{key}={text}"]))
+        config = ProbeConfig(**resolve_mini_batch(parse_sets([f"{key}={text}"]), gpus))
         raise_for(config_findings(config, gpus, cores=8))
     except UserError as error:
         one_line(error)
         return
-    value = getattr(config, key)
+    value = getattr(config, key) if key != MINI_BATCH else mini_batch_size(config, gpus)
     assert value is None or isinstance(value, (bool, str)) or math.isfinite(value)
 
 

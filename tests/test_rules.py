@@ -1,6 +1,6 @@
 import pytest
 
-from autotune.config.knobs import ProbeConfig, parse_sets
+from autotune.config.knobs import ProbeConfig, parse_sets, resolve_mini_batch
 from autotune.config.rules import config_findings, make_config
 from autotune.errors import UserError
 
@@ -33,6 +33,37 @@ def test_parse_sets_types_values():
 def test_parse_sets_rejects_bad_input(item, fragment):
     with pytest.raises(UserError, match=fragment):
         parse_sets([item])
+
+
+def test_the_mini_batch_is_taken_as_the_spaces_take_it():
+    values = parse_sets(["train_batch_size=16", "mini_batch_size=16", "micro_batch_size=4"])
+    assert resolve_mini_batch(values, gpus=2) == {
+        "train_batch_size": 16,
+        "micro_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+    }
+    assert resolve_mini_batch({"mini_batch_size": 8}, gpus=1) == {"gradient_accumulation_steps": 2}  # m=4
+    assert resolve_mini_batch({"micro_batch_size": 2}, gpus=1) == {"micro_batch_size": 2}  # no M: unchanged
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        (
+            {"mini_batch_size": 6, "micro_batch_size": 4},
+            "mini_batch_size=6: not whole micro-batches .* mini_batch_size=8",
+        ),
+        ({"mini_batch_size": 0}, "mini_batch_size=0: .* e.g. mini_batch_size=4"),
+        (
+            {"mini_batch_size": 16, "micro_batch_size": 4, "gradient_accumulation_steps": 2},
+            "gradient_accumulation_steps=2 disagrees with mini_batch_size=16",
+        ),
+    ],
+)
+def test_a_mini_batch_that_cannot_be_run_is_one_line(values, fragment):
+    with pytest.raises(UserError, match=fragment) as error:
+        resolve_mini_batch(values, gpus=1)
+    assert "\n" not in str(error.value)
 
 
 def test_issue_example_is_valid_on_one_and_two_ranks():

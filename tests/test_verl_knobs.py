@@ -147,7 +147,9 @@ def test_the_knobs_round_trip_through_both_files_and_the_check_reader(tmp_path: 
     rollout engine, the others as knobs."""
     engine = rollout_engine(KNOBS, 2, "vllm", 80 * GIB, 30 * GIB, 4_000_000)
     seed_path, verl_path = tmp_path / "best_config.yaml", tmp_path / "verl_overrides.txt"
-    seed_path.write_text(seed_yaml(seed_document(KNOBS, "tiny-llama", "function", {"gpus": 2}, engine)))
+    seed_path.write_text(
+        seed_yaml(seed_document(KNOBS, "tiny-llama", "function", {"gpus": 2}, engine, gpus=2))
+    )
     verl_path.write_text(format_overrides(verl_overrides(KNOBS, 2, engine=engine).values))
     seed, verl = read_target(seed_path), read_target(verl_path)
     assert seed.findings == [] and verl.findings == []

@@ -21,12 +21,15 @@ __all__ = [
     "ALGORITHMS",
     "KNOB_NAMES",
     "MAX_KL_COEF",
+    "MINI_BATCH",
     "SHARDINGS",
     "VERL_KNOBS",
     "ProbeConfig",
     "job_of",
+    "mini_batch_size",
     "parse_sets",
     "physical_cores",
+    "resolve_mini_batch",
     "rollout_batch_fix",
     "same_job",
     "train_batch_fixes",
@@ -203,9 +206,50 @@ def _convert(key: str, raw: str, type_name: str) -> Any:
     return text
 
 
+# --- the mini batch: the name every command, space and best_config.yaml takes ------------------------------
+
+# Samples per optimizer step over all GPUs, M = m·g·W (verl's ppo_mini_batch_size × rollout_n). A config holds
+# the accumulation steps g; every input may give M instead, and g follows from the micro batch and the GPUs.
+MINI_BATCH = "mini_batch_size"
+
+
+def mini_batch_size(config: ProbeConfig, gpus: int) -> int:
+    return config.micro_batch_size * config.gradient_accumulation_steps * gpus
+
+
+def resolve_mini_batch(values: Mapping[str, Any], gpus: int, where: str = "--set ") -> dict[str, Any]:
+    """`values` with `mini_batch_size` M replaced by `gradient_accumulation_steps` g = M / (W·m).
+
+    {"mini_batch_size": 16, "micro_batch_size": 4} on 2 GPUs -> {"micro_batch_size": 4,
+    "gradient_accumulation_steps": 2}. A mini batch that is not whole micro-batches on every GPU, or a g given
+    too that disagrees, is a UserError naming the fix; without M the values are returned unchanged."""
+    values = dict(values)
+    if values.get(MINI_BATCH) is None:
+        values.pop(MINI_BATCH, None)
+        return values
+    mini = int(values.pop(MINI_BATCH))
+    micro = int(values.get("micro_batch_size") or ProbeConfig.micro_batch_size)
+    step = micro * gpus
+    if mini < 1 or mini % step:
+        suggestion = round_up(max(mini, 1), step)
+        raise UserError(
+            f"{where}mini_batch_size={mini}: not whole micro-batches on every GPU (micro batch {micro} × "
+            f"{gpus} GPU(s) = {step}); use a multiple of {step}, e.g. mini_batch_size={suggestion}"
+        )
+    derived, given = mini // step, values.get("gradient_accumulation_steps")
+    if given is not None and given != derived:
+        raise UserError(
+            f"{where}gradient_accumulation_steps={given} disagrees with mini_batch_size={mini} (= micro "
+            f"batch {micro} × {derived} step(s) × {gpus} GPU(s)); give only mini_batch_size: the steps follow"
+        )
+    values["gradient_accumulation_steps"] = derived
+    return values
+
+
 def parse_sets(items: list[str]) -> dict[str, Any]:
-    """Turn `["train_batch_size=16", ...]` into typed values; unknown knobs and bad syntax are UserErrors."""
-    types = _field_types()
+    """Turn `["train_batch_size=16", ...]` into typed values; unknown knobs and bad syntax are UserErrors.
+    `mini_batch_size` is taken as the spaces take it (`resolve_mini_batch` makes it accumulation steps)."""
+    types = {**_field_types(), MINI_BATCH: "int"}
     values: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -213,7 +257,8 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
         if not sep or not key:
             raise UserError(f"--set {item!r}: expected KNOB=VALUE, e.g. --set micro_batch_size=4")
         if key not in types:
-            raise UserError(f"--set {key!r}: unknown knob; known knobs are {', '.join(KNOB_NAMES)}")
+            known = ", ".join(sorted({*KNOB_NAMES, MINI_BATCH}))
+            raise UserError(f"--set {key!r}: unknown knob; known knobs are {known}")
         values[key] = _convert(key, raw, types[key])
     return values
 

@@ -34,8 +34,9 @@ FSDP_SIZE = "actor_rollout_ref.actor.fsdp_config.fsdp_size"
 RESHARD = "actor_rollout_ref.actor.fsdp_config.reshard_after_forward"
 
 
-def read_target(path: Path) -> Target:
-    """A seed-schema YAML or a verl override file; UserError when it is neither or cannot be used."""
+def read_target(path: Path, gpus: int | None = None) -> Target:
+    """A seed-schema YAML or a verl override file, read for `gpus` GPUs (default: what the file says);
+    UserError when it is neither or cannot be used."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"config '{path}' " + ("is a directory" if path.is_dir() else "does not exist"))
@@ -54,7 +55,7 @@ def read_target(path: Path) -> Target:
             f"config '{path}' is neither best_config.yaml's schema (a mapping of knobs) nor verl "
             f"overrides (key=value lines)"
         )
-    target = read_seed(data, path)
+    target = read_seed(data, path, gpus)
     target.measured = read_measured(data.get("measured"))
     return target if _names_sharding(data) else _default_layout(target)
 

@@ -1,6 +1,6 @@
 """The seed article's config schema: best_config.yaml is written in it, and `autotune check` reads it back.
 
-    document = seed_document(config, model="llama-2-7b", reward_model="function", measured={...})
+    document = seed_document(config, model="llama-2-7b", reward_model="function", measured={...}, gpus=2)
     text = seed_yaml(document, header="# ...\n")
     target = read_seed(yaml.safe_load(text), Path("best_config.yaml"))    # target.config == config
 
@@ -19,7 +19,14 @@ from typing import Any
 
 import yaml
 
-from autotune.config.knobs import KNOB_NAMES, VERL_KNOBS, ProbeConfig
+from autotune.config.knobs import (
+    KNOB_NAMES,
+    MINI_BATCH,
+    VERL_KNOBS,
+    ProbeConfig,
+    mini_batch_size,
+    resolve_mini_batch,
+)
 from autotune.config.rules import Finding
 from autotune.config.schema import MISSING, Checker
 from autotune.errors import UserError
@@ -33,6 +40,7 @@ INT, BOOL, STR, NUM, SECTION = "int", "bool", "str", "number", "section"
 KNOBS: dict[str, str] = {
     "rollout_batch_size": INT,
     "train_batch_size": INT,
+    MINI_BATCH: INT,  # samples per optimizer step, as the spaces say it: the accumulation steps follow
     "micro_batch_size": INT,
     "gradient_accumulation_steps": INT,
     "num_rollout_workers": INT,
@@ -55,11 +63,22 @@ REQUIRED = (
     "rollout_batch_size",
     "train_batch_size",
     "micro_batch_size",
-    "gradient_accumulation_steps",
     "max_prompt_length",
     "max_response_length",
 )
-WRITTEN_KNOBS = (*REQUIRED[:4], "num_rollout_workers", *REQUIRED[4:])  # best_config.yaml's order
+ACCUMULATION = "gradient_accumulation_steps"  # or mini_batch_size: one of them is required
+# best_config.yaml's order: the mini batch as every command takes it, and the accumulation steps it means on
+# the measured GPUs, which the seed article's trainers read
+WRITTEN_KNOBS = (
+    "rollout_batch_size",
+    "train_batch_size",
+    MINI_BATCH,
+    "micro_batch_size",
+    ACCUMULATION,
+    "num_rollout_workers",
+    "max_prompt_length",
+    "max_response_length",
+)
 # The article's fsdp_config (sharding_strategy; cpu_offload: FSDP's CPU offload, i.e. verl's offload_policy)
 # and verl's phase offloads
 FSDP_KEYS = {"sharding_strategy": STR, "cpu_offload": BOOL, "param_offload": BOOL, "optimizer_offload": BOOL}
@@ -108,11 +127,15 @@ def seed_document(
     reward_model: str,
     measured: dict[str, Any] | None = None,
     engine: RolloutEngine | None = None,
+    *,
+    gpus: int,
 ) -> dict[str, Any]:
-    """`config` in the seed's schema, with the recipe verl needs to run it as measured (KL, the critic's LoRA
-    and checkpointing, the rollout engine); `measured` (the study's figures) becomes a `measured:` block."""
+    """`config` on `gpus` GPUs in the seed's schema, with the recipe verl needs to run it as measured (KL, the
+    critic's LoRA and checkpointing, the rollout engine); `measured` (the study's figures) becomes a
+    `measured:` block."""
     c = config
-    data: dict[str, Any] = {key: getattr(c, key) for key in WRITTEN_KNOBS}
+    sizes = {**c.to_dict(), MINI_BATCH: mini_batch_size(c, gpus)}
+    data: dict[str, Any] = {key: sizes[key] for key in WRITTEN_KNOBS}
     if c.log_prob_micro_batch_size is not None:
         data["log_prob_micro_batch_size"] = c.log_prob_micro_batch_size
     data.update(
@@ -187,9 +210,9 @@ def seed_yaml(document: dict[str, Any], header: str = "") -> str:
 # --- reading ---------------------------------------------------------------------------------------------
 
 
-def read_seed(data: dict[str, Any], path: Path) -> Target:
-    """A parsed seed-schema file; wrong types and missing batch knobs are one UserError, unknown keys
-    findings."""
+def read_seed(data: dict[str, Any], path: Path, gpus: int | None = None) -> Target:
+    """A parsed seed-schema file, its mini batch read on `gpus` GPUs (default: the measured ones, else 1);
+    wrong types and missing batch knobs are one UserError, unknown keys findings."""
     check = Checker("")
     findings = [
         _unknown(key, guess, [*KNOBS, *SECTIONS, *sorted(UNCHECKED)])
@@ -198,19 +221,27 @@ def read_seed(data: dict[str, Any], path: Path) -> Target:
     knobs = {key: _typed(check, key, data[key], kind) for key, kind in KNOBS.items() if key in data}
     sections = {name: _section(check, name, data.get(name) or {}, findings) for name in SECTIONS}
     missing = [k for k in REQUIRED if k not in data]
+    if MINI_BATCH not in data and ACCUMULATION not in data:
+        missing.append(f"{MINI_BATCH} (or {ACCUMULATION})")
     if missing:
         check.error(
-            ", ".join(missing), MISSING, f"missing: best_config.yaml's batch knobs are {', '.join(REQUIRED)}"
+            ", ".join(missing),
+            MISSING,
+            f"missing: best_config.yaml's batch knobs are {', '.join(REQUIRED)} and {MINI_BATCH} (or "
+            f"{ACCUMULATION})",
         )
     if check.errors:
         raise UserError(f"config '{path}': " + "; ".join(check.errors))
+    raw_measured = data.get("measured")
+    measured: dict[str, Any] = raw_measured if isinstance(raw_measured, dict) else {}
+    measured_gpus = measured.get("gpus") if isinstance(measured.get("gpus"), int) else None
+    knobs = _accumulation(knobs, gpus or measured_gpus or 1, measured_gpus, path, findings)
     actor, reward = sections["actor_model_config"], sections["reward_model_config"]
     fsdp = {**sections["fsdp_config"], **actor.get("fsdp_config", {})}
     strategy = str(fsdp.get("sharding_strategy", "NO_SHARD" if not fsdp else "FULL_SHARD")).upper()
     config = _held(_config(knobs, actor), strategy, fsdp)
     findings += _strategy_findings(strategy) + _placement_findings(knobs.get("kl_placement"), config)
     engine = sections["rollout_engine"]
-    measured = data.get("measured") if isinstance(data.get("measured"), dict) else {}
     budget = measured.get("budget_gib")
     return Target(
         kind="seed schema",
@@ -221,11 +252,54 @@ def read_seed(data: dict[str, Any], path: Path) -> Target:
         sharding=SHARDING.get(strategy, "none"),
         sharding_label=f"FSDP {strategy}" if fsdp else "replicated (DDP)",
         offload=config.offloaded,
-        gpus=measured.get("gpus") if isinstance(measured.get("gpus"), int) else None,
+        gpus=measured_gpus,
         memory_gib=float(budget) if isinstance(budget, (int, float)) else None,
         findings=findings,
         engine=RolloutEngine(**engine) if engine else None,
     )
+
+
+def _accumulation(
+    knobs: dict[str, Any], gpus: int, measured_gpus: int | None, path: Path, findings: list[Finding]
+) -> dict[str, Any]:
+    """The knobs with the mini batch as accumulation steps on `gpus` GPUs. The mini batch is the recipe: where
+    the file's own steps disagree, they are a problem on the measured GPUs and a note on others (a study's
+    best_config.yaml checked for another GPU count)."""
+    given = knobs.get(ACCUMULATION)
+    if knobs.get(MINI_BATCH) is None:
+        return knobs
+    try:
+        resolved = resolve_mini_batch({**knobs, ACCUMULATION: None}, gpus, where="")
+    except UserError as exc:
+        if given is None:  # nothing else says how many steps: no config to check
+            raise UserError(f"config '{path}': {exc}") from None
+        # the file's steps still make a config (a mini batch that differs on these GPUs): checked as such
+        findings.append(Finding("schema", str(exc), f"a multiple of {knobs['micro_batch_size'] * gpus}"))
+        return {k: v for k, v in knobs.items() if k != MINI_BATCH}
+    derived = resolved[ACCUMULATION]
+    if given is not None and given != derived:
+        elsewhere = measured_gpus is not None and gpus != measured_gpus
+        problem = (
+            f"{ACCUMULATION}={given} disagrees with {MINI_BATCH}={knobs[MINI_BATCH]}, which is {derived} "
+            f"step(s) of micro batch {resolved['micro_batch_size']} on {gpus} GPU(s)"
+            + (
+                f" (the file's steps are for its {measured_gpus} GPU(s)); checked as {derived}"
+                if elsewhere
+                else ""
+            )
+        )
+        fix = f"{ACCUMULATION}: {derived}, or leave it out: it follows from {MINI_BATCH}"
+        findings.append(
+            Finding(
+                "schema",
+                problem,
+                fix,
+                key=ACCUMULATION,
+                value=given,
+                severity="note" if elsewhere else "problem",
+            )
+        )
+    return resolved
 
 
 def _placement_findings(placement: str | None, config: ProbeConfig) -> list[Finding]:

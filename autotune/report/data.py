@@ -120,11 +120,11 @@ def build_report(
     plan = dataclasses.replace(plan, gpus=int(measured_gpus))  # the GPUs the winner was measured on
     document = verl = engine = figures = None
     if chosen is not None:
-        config = trial_config(chosen)
+        config = pick.trial_config_of(chosen)
         figures = gain.headline(study, chosen)
         engine = engine_for(chosen, config, plan, budget, figures.peak_bytes)
         measured = measured_block(chosen, study.study_name, plan.gpus, budget, created, figures)
-        document = seed_document(config, plan.model, plan.reward_model, measured, engine)
+        document = seed_document(config, plan.model, plan.reward_model, measured, engine, gpus=plan.gpus)
         verl = verl_overrides(config, plan.gpus, verl_model_path(plan.model), engine)
     return ReportData(
         study_name=study.study_name,
