@@ -10,15 +10,20 @@ import argparse
 import dataclasses
 import json
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from autotune import __version__
 from autotune.config.numbers import MAX_GIB, MAX_RANKS, MAX_SECONDS, argument, parse_float, parse_int
 from autotune.errors import UserError
 from autotune.formats.rollout import ROLLOUT_ENGINES
 from autotune.probe.contract import ENGINES
 from autotune.probe.verl.install import VERL_VERSION
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "add_check_parser",
@@ -33,7 +38,7 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
-T = TypeVar("T")
+T = TypeVar("T", bound="DataclassInstance")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,7 +47,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserError(f"{self.prog}: {message} (see {self.prog} --help)")
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(self, args=None, namespace=None):
         # argparse strips a lone `--` from `--flag=--` and stores [] without calling the flag's type.
         for arg in sys.argv[1:] if args is None else args:
             if arg.startswith("--") and arg.endswith("=--"):
@@ -130,8 +135,38 @@ def add_engine_arguments(parser: argparse.ArgumentParser, engine: bool = True) -
     )
 
 
+def add_command(
+    sub: argparse._SubParsersAction, name: str, summary: str, details: str, examples: Sequence[str]
+) -> argparse.ArgumentParser:
+    """A command's parser. `summary` is its line in `autotune --help` and the first line of its own help;
+    `details` follow it; `examples` (whole command lines) close it."""
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=f"{summary[0].upper()}{summary[1:]}.\n\n{textwrap.fill(details, 100)}",
+        epilog=examples_text(examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def examples_text(examples: Sequence[str]) -> str:
+    return "examples:\n" + "\n".join(f"  {example}" for example in examples)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="autotune", description="Find fast, memory-safe batch settings for verl PPO/GRPO.")
+    parser = _Parser(
+        prog="autotune",
+        description="Find fast, memory-safe batch settings for verl PPO/GRPO.",
+        epilog=examples_text(
+            [
+                "autotune run --space cpu-tiny --trials 12    # the embedded CPU default, about 5 minutes",
+                "autotune run --model llama-2-7b --gpus 2 --time-budget 8h",
+                "autotune check reports/<study>/best_config.yaml --gpus 4",
+            ]
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = parser.add_subparsers(
         dest="command",
         required=True,
@@ -140,12 +175,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="one of the commands below; `autotune COMMAND --help` lists its options",
     )
 
-    probe = sub.add_parser(
+    probe = add_command(
+        sub,
         "probe",
-        help="measure one batch configuration with a short PPO/GRPO run",
-        description="Run one probe: warm-up, then K measured PPO iterations, in child "
-        "processes. Exit 0 when the probe measured ok, 1 for oom/timeout/"
-        "crashed, 2 for bad input.",
+        "measure one batch configuration with a short PPO/GRPO run",
+        "Warm-up, then K measured iterations, in child processes (one per rank). Knobs not set keep their "
+        "defaults; mini_batch_size sets the accumulation steps (mini = micro × steps × GPUs), as the spaces "
+        "do. "
+        "Exit 0 when the probe measured ok, 1 for oom/timeout/crashed, 2 for bad input.",
+        [
+            "autotune probe --model tiny-llama --device cpu --set train_batch_size=16 "
+            "--set mini_batch_size=8",
+            "autotune probe --model qwen2.5-7b --gpus 2 --set micro_batch_size=8 --set use_lora=true --json",
+        ],
     )
     add_model_arguments(probe)
     add_device_arguments(probe)
@@ -155,8 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KNOB=VALUE",
-        help="set a knob, e.g. --set micro_batch_size=4 (repeatable); every rule a config must keep is "
-        "listed by `autotune check` and in docs/design.md",
+        help="set a knob, e.g. --set mini_batch_size=16 --set micro_batch_size=4 (repeatable; the "
+        "accumulation steps follow from them); every rule a config must keep is listed by `autotune check` "
+        "and in docs/design.md",
     )
     probe.add_argument("--iterations", type=COUNT, default=2, help="measured iterations (default 2)")
     probe.add_argument(
@@ -176,16 +219,23 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--json", action="store_true", help="print the result as JSON")
     probe.set_defaults(handler=_cmd_probe)
 
-    run = sub.add_parser(
+    run = add_command(
+        sub,
         "run",
-        help="search batch settings with an Optuna study of probes",
-        description="Open (or resume) a study over a search space, probe configurations until --trials are "
+        "search batch settings with an Optuna study of probes",
+        "Open (or resume) a study over a search space, probe configurations until --trials are "
         "complete (a line per trial, also in <out>/<study>/run.log), re-measure the leaders, probe the "
         "recommended and the hand-made configs back to back for the gain, then write the report and "
         "summary.json. Running the same command again resumes the study. Ctrl-C finishes the running probes "
         "and stops; a second Ctrl-C kills them. Exit 0 with a feasible configuration, 1 with none, 2 for bad "
         "input, 3 when the storage or the output folder fails (nothing measured is lost), 130 when stopped "
         "by Ctrl-C or SIGTERM (the report holds what was measured; run again to resume).",
+        [
+            "autotune run --space cpu-tiny --trials 12",
+            "autotune run --model llama-2-7b --gpus 2 --time-budget 8h",
+            "autotune run --space seed-4xa100-40g-13b-fsdp --parallel 2 "
+            "--storage journal:reports/13b.journal",
+        ],
     )
     run.add_argument(
         "--space",
@@ -250,7 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
         "PostgreSQL URL (several machines); default: <out>/<study>/study.db, or study.journal with "
         "--parallel",
     )
-    run.add_argument("--study", help="study name (default: <space>-<model>-<gpus>gpu)")
+    run.add_argument(
+        "--study",
+        help="study name (default: <space>-<model>-<gpus>gpu-<id>: another job, another id)",
+    )
     run.add_argument("--out", type=Path, default=Path("reports"), help="output folder (default: reports)")
     run.add_argument("--seed", type=SEED, default=0, help="sampler seed (default 0)")
     run.add_argument(
@@ -283,12 +336,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_arguments(run)
     run.set_defaults(handler=_cmd_run)
 
-    report = sub.add_parser(
+    report = add_command(
+        sub,
         "report",
-        help="write the report of a study (finished or still running)",
-        description="Select the Pareto-best configuration of a study and write best_config.yaml, "
+        "write the report of a study (finished or still running)",
+        "Select the Pareto-best configuration of a study and write best_config.yaml, "
         "verl_overrides.txt, trials.csv, report.md and report.html into <out>/<study>/. "
         "Exit 0 when a feasible configuration was written, 1 when none is feasible.",
+        [
+            "autotune report --study my-study",
+            "autotune report --study my-study --confirm --memory-budget 40",
+        ],
     )
     report.add_argument("--study", required=True, help="study name")
     report.add_argument("--storage", help="Optuna storage URL (default: sqlite in <out>/<study>/study.db)")
@@ -332,20 +390,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_listing_parsers(sub: argparse._SubParsersAction) -> None:
     """`models` and `spaces`: what `--model` and `--space` accept."""
-    models = sub.add_parser(
+    models = add_command(
+        sub,
         "models",
-        help="list the registry's model names with parameter counts",
-        description="List the model names --model and --reward-model accept (besides a local Hugging Face "
+        "list the registry's model names with parameter counts",
+        "The model names --model and --reward-model accept (besides a local Hugging Face "
         "model directory): role, architecture, parameters, layers, hidden size and vocabulary. On a "
         "terminal a table; in a pipe plain columns, one model a line.",
+        ["autotune models", "autotune models --json"],
     )
     models.add_argument("--json", action="store_true", help="print a JSON list, one object per model")
     models.set_defaults(handler=_cmd_models)
-    spaces = sub.add_parser(
+    spaces = add_command(
+        sub,
         "spaces",
-        help="list the shipped search spaces (`autotune run --space NAME`)",
-        description="List the search spaces shipped with autotune, one a line: name, model and GPUs, "
+        "list the shipped search spaces (`autotune run --space NAME`)",
+        "The search spaces shipped with autotune, one a line: name, model and GPUs, "
         "description. `autotune run --space NAME` uses one; --space also takes a YAML file of your own.",
+        ["autotune spaces", "autotune spaces --json"],
     )
     spaces.add_argument(
         "--json",
@@ -384,13 +446,18 @@ def add_parallel_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_worker_parser(sub: argparse._SubParsersAction) -> None:
-    worker = sub.add_parser(
+    worker = add_command(
+        sub,
         "worker",
-        help="join a study started by `autotune run`, from this or another machine",
-        description="Probe trials of an existing study until its trial count is reached: the space and "
+        "join a study started by `autotune run`, from this or another machine",
+        "Probe trials of an existing study until its trial count is reached: the space and "
         "probe settings come from the study, the GPUs from this machine. A worker that dies mid-probe is "
         "noticed by the others (heartbeats on database storages, or the dead process on the same host) "
         "and its trial is retried once. Exit 2 for bad input, 3 when the storage stays unreachable.",
+        [
+            "autotune worker --study my-study --storage postgresql://tuner@db:5432/optuna",
+            "autotune worker --study my-study --storage journal:reports/my-study/study.journal --parallel 2",
+        ],
     )
     worker.add_argument("--study", required=True, help="study name (as `autotune run` printed it)")
     worker.add_argument(
@@ -421,12 +488,17 @@ def add_worker_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_lengths_parser(sub: argparse._SubParsersAction) -> None:
-    lengths = sub.add_parser(
+    lengths = add_command(
+        sub,
         "lengths",
-        help="token lengths of a dataset and the max_prompt/response_length they suggest",
-        description="Tokenize a JSON lines, JSON, Parquet or CSV file with the model's tokenizer; print the "
+        "token lengths of a dataset and the max_prompt/response_length they suggest",
+        "Tokenize a JSON lines, JSON, Parquet or CSV file with the model's tokenizer; print the "
         "length percentiles, max_prompt_length (p95) and max_response_length (p90) rounded up to a "
         "multiple of 8, and the share each would truncate. Exit 2 for bad input.",
+        [
+            "autotune lengths data/train.jsonl --model qwen2.5-7b",
+            "autotune lengths data/train.parquet --model llama-2-7b --prompt-key question --json",
+        ],
     )
     lengths.add_argument("data", type=Path, help="a .jsonl, .json, .parquet or .csv file")
     lengths.add_argument("--model", required=True, help="registry name or a local model directory")
@@ -438,12 +510,18 @@ def add_lengths_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_check_parser(sub: argparse._SubParsersAction) -> None:
-    check = sub.add_parser(
+    check = add_command(
+        sub,
         "check",
-        help="report every problem of a config (best_config.yaml or verl overrides) with its fix",
-        description="Check a config in best_config.yaml's schema (the seed article's) or a verl override "
-        "file: divisibility, rollout workers vs cores, lengths vs data, predicted memory vs the card, reward "
-        "model frozen, rollout batch size. Exit 0 clean, 1 problems found, 2 unreadable input.",
+        "report every problem of a config (best_config.yaml or verl overrides) with its fix",
+        "Reads best_config.yaml's schema (the seed article's, with mini_batch_size or "
+        "gradient_accumulation_steps) or a verl override file: divisibility, rollout workers vs cores, "
+        "lengths vs data, predicted memory vs the card, reward model frozen, rollout batch size. Exit 0 "
+        "clean, 1 problems found, 2 unreadable input.",
+        [
+            "autotune check reports/my-study/best_config.yaml",
+            "autotune check verl_overrides.txt --gpus 8 --gpu h100-80g --data data/train.jsonl",
+        ],
     )
     check.add_argument("config", type=Path, help="a YAML config or a verl override file (key=value lines)")
     check.add_argument("--gpus", type=RANKS, help="GPUs of the job (default: the config's, else 1)")
@@ -478,7 +556,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
-    from autotune.config.knobs import ProbeConfig, parse_sets
+    from autotune.config.knobs import ProbeConfig, parse_sets, resolve_mini_batch
     from autotune.config.rules import (
         config_findings,
         engine_findings,
@@ -493,7 +571,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     from autotune.report.console import print_probe_result, probing
     from autotune.status import Status
 
-    config = ProbeConfig(**parse_sets(args.sets))
+    config = ProbeConfig(**resolve_mini_batch(parse_sets(args.sets), args.gpus))
     raise_for(config_findings(config, args.gpus) + engine_findings(config, args.engine))  # before the model
     device = resolve_device(args.device, args.gpus)
     raise_for(offload_findings(config, device))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import shlex
 import subprocess
 import sys
 
@@ -41,6 +42,20 @@ def test_every_argument_has_help():
 def test_every_help_page_renders():
     for path, parser in _parsers(build_parser()):
         assert parser.format_help(), path  # a stray % in a help text would raise here
+
+
+def test_every_command_has_a_one_line_description_and_examples_that_parse():
+    """The first line of each help says what the command does; its examples are real command lines."""
+    for path, parser in _parsers(build_parser()):
+        summary = (parser.description or "").split("\n")[0]
+        assert summary.endswith(".") and len(summary) <= 100, f"{path}: {summary!r}"
+        assert (parser.epilog or "").startswith("examples:\n"), f"{path} has no examples"
+        examples = [line.strip() for line in parser.epilog.splitlines()[1:] if line.strip()]
+        assert examples, path
+        for example in examples:
+            argv = shlex.split(example, comments=True)
+            assert " ".join(argv[: len(path.split())]) == path or path == "autotune", example
+            build_parser().parse_args(argv[1:])  # a usage error would raise UserError
 
 
 def test_run_json_flag():
