@@ -16,4 +16,9 @@ __all__ = [
     "units",
 ]
 
-__version__ = "0.1.0"
+from importlib import metadata
+
+try:  # one version, pyproject.toml's, as the installed distribution reports it
+    __version__ = metadata.version("autotune-rl")
+except metadata.PackageNotFoundError:  # a checkout on sys.path that was never installed
+    __version__ = "unknown"
