@@ -2,7 +2,8 @@
 # Create .venv and install autotune. Safe to run again (it only adds what is missing).
 #   ./setup.sh        the tool (torch pinned to 2.13.0: a local CPU build where the machine carries one,
 #                     PyPI's CUDA build on GPU machines; an already installed torch is kept)
-#   ./setup.sh test   also what the tests need: pytest, ruff, psycopg2, hypothesis, hydra-core; verl 0.9.1
+#   ./setup.sh test   also what the tests need (then ./check.sh runs them): pytest, ruff, mypy, psycopg2,
+#                     hypothesis, hydra-core; verl 0.9.1
 #                     with its dependencies in its own environment .venv-verl (never imported by autotune).
 #                     As root with apt-get: Debian's chromium for the report's browser test, and Debian's
 #                     postgresql for the PostgreSQL tests: its own cluster "autotune" on 127.0.0.1 only,
@@ -25,8 +26,8 @@ if [ "${1:-}" != "test" ]; then
   say "done: .venv/bin/autotune --help"
   exit 0
 fi
-say "installing autotune with the test tools (pytest, ruff, hypothesis, psycopg2, hydra-core) into .venv"
-"${pip[@]}" -e ".[test]" hydra-core
+say "installing autotune with the test tools (pytest, ruff, mypy, hypothesis, psycopg2, hydra-core) into .venv"
+"${pip[@]}" -e ".[test]"
 # verl 0.9.1 with its own dependencies, in its own environment: the tests compose autotune's exports with its
 # Hydra config and run its validate_config; autotune never imports it.
 [ -x .venv-verl/bin/python ] || "$PYTHON" -m venv .venv-verl
@@ -80,4 +81,4 @@ if [ -z "$pg_pass" ] || ! PGPASSWORD="$pg_pass" PGCONNECT_TIMEOUT=5 psql -X -qtA
 fi
 (umask 077 && echo "postgresql+psycopg2://autotune:$pg_pass@127.0.0.1:$pg_port/autotune_test" >"$pg_url_file")
 chmod 600 "$pg_url_file"
-say "done: the tests run with .venv/bin/python -m pytest"
+say "done: ./check.sh runs the tests"

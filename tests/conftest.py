@@ -60,6 +60,18 @@ def _no_processes(item: pytest.Item) -> Iterator[None]:
         yield
 
 
+def pytest_collection_modifyitems(config, items):
+    """A `cuda` test starts the probe's processes on the GPU: it must be `e2e` too, or the fast tier would run
+    it on a GPU machine (where it does not skip) and the process rule above would fail it."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("cuda") and not item.get_closest_marker("e2e")
+    ]
+    if unmarked:
+        raise pytest.UsageError(f"cuda tests must also be marked e2e: {', '.join(unmarked)}")
+
+
 def pytest_sessionstart(session):
     """matplotlib builds its font cache on first import and asks `fc-list` for the system's fonts where
     fontconfig is installed (Debian's chromium brings it): a process, which the fast tier refuses inside a

@@ -9,6 +9,7 @@ from tests.conftest import ISSUE_EXAMPLE, run_cli
 
 pytestmark = [
     pytest.mark.cuda,
+    pytest.mark.e2e,  # the probe's processes: the fast tier leaves these out even on a GPU machine
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible here)"),
 ]
 SETS = ISSUE_EXAMPLE

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 from autotune.errors import UserError
 
@@ -36,7 +36,7 @@ MAX_SECONDS = 30 * 86400.0  # timeouts and time budgets: a month
 MAX_GIB = 1024.0**2  # memory budgets: a PiB per rank is no budget
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -252,8 +252,9 @@ def collect_texts(
         if not _missing(response):
             texts.responses.append(_plain(response))
     if conversations:
-        texts.templated = tokenizer.apply_chat_template(
-            conversations, tokenize=False, add_generation_prompt=True
+        texts.templated = cast(  # tokenize=False and a list of conversations: one string each
+            "list[str]",
+            tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True),
         )
     return texts
 

@@ -68,7 +68,8 @@ def rollout_engine(
 ) -> RolloutEngine:
     """The rollout settings of the module docstring; without a card or a measurement, verl's default share.
     The configuration's own values of verl's knobs win over the rules."""
-    utilization, notes = config.gpu_memory_utilization, []
+    utilization = config.gpu_memory_utilization
+    notes: list[str] = []
     if utilization is None:
         utilization, notes = _utilization_rule(card_bytes, resident_bytes)
     tp = config.tensor_model_parallel_size

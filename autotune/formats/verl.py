@@ -34,10 +34,10 @@ import difflib
 import functools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, overload
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.rules import Finding, config_findings, problems
@@ -198,7 +198,7 @@ def read_overrides(text: str) -> Target:
     key the file leaves out has verl's default. Keys verl's config lacks are findings: verl would refuse the
     file at start-up."""
     values = parse_overrides(text)
-    get = {**VERL_DEFAULTS, **values}.get
+    get: Callable[[str], Any] = {**VERL_DEFAULTS, **values}.get  # the file's values: anything it says
     nodes, per_node = get("trainer.nnodes"), get("trainer.n_gpus_per_node")
     gpus = per_node * nodes if isinstance(per_node, int) and isinstance(nodes, int) else None
     reward = get("reward_model.model.path") if get("reward_model.enable") else None
@@ -348,6 +348,10 @@ def _kl_coef(get: Any) -> float:
     return 0.0
 
 
+@overload
+def _int_or(value: Any, default: int) -> int: ...
+@overload
+def _int_or(value: Any, default: None) -> int | None: ...
 def _int_or(value: Any, default: int | None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import MemoryModel
@@ -91,7 +92,7 @@ def remedies(config: ProbeConfig, lengths: tuple[int, int] | None = None, gpus: 
     return found
 
 
-def _with(config: ProbeConfig, **changes: object) -> ProbeConfig:
+def _with(config: ProbeConfig, **changes: Any) -> ProbeConfig:
     return dataclasses.replace(config, **changes)
 
 
@@ -138,7 +139,8 @@ def first_aid(
         return f"{gib(model.predict(c))} GiB" + (" fits" if fits(c) else "")
 
     by_name = {r.name: r for r in remedies(config, lengths, model.world_size)}
-    steps, current = [], config
+    steps: list[str] = []
+    current = config
     for name in ("micro", "rollout", "switch", "lengths"):
         if fits(current):
             break

@@ -18,6 +18,7 @@ import contextlib
 import copy
 import difflib
 import hashlib
+import importlib
 import json
 import math
 from collections.abc import Iterator
@@ -345,8 +346,8 @@ def _build(
 def _skip_init() -> Iterator[None]:
     try:  # transformers >= 5
         from transformers.initialization import no_init_weights
-    except ImportError:  # transformers 4.x
-        from transformers.modeling_utils import no_init_weights
+    except ImportError:  # transformers 4.x (where 5.x's types do not have it)
+        no_init_weights = importlib.import_module("transformers.modeling_utils").no_init_weights
     with no_init_weights():
         yield
 

@@ -107,13 +107,14 @@ class CpuWindow:
 def other_cores(windows: list[dict[str, Any] | None]) -> float | None:
     """Cores other work kept busy during the ranks' measured iterations (rank 0's window; every rank's own
     CPU time subtracted); None when a rank did not report or the machine's figure is unknown."""
-    if not windows or any(w is None for w in windows):
+    reported = [w for w in windows if w is not None]
+    if not windows or len(reported) != len(windows):
         return None
-    lead = windows[0]
+    lead = reported[0]
     machine, wall = lead.get("machine_busy_seconds"), lead.get("wall_seconds") or 0.0
     if machine is None or wall <= 0:
         return None
-    own = sum(float(w.get("own_cpu_seconds") or 0.0) for w in windows)
+    own = sum(float(w.get("own_cpu_seconds") or 0.0) for w in reported)
     return round(max(0.0, (machine - own) / wall), 2)
 
 

@@ -92,7 +92,8 @@ def _spawn_ranks(
     ranks = range(settings.world_size)
     envs = [_rank_env(rank, settings, port) for rank in ranks]
     logs = [out_dir / f"stderr.rank{rank}.txt" for rank in ranks]
-    return (server and _fork_ranks(server, argv, envs, logs)) or _popen_ranks(argv, envs, logs)
+    forked = _fork_ranks(server, argv, envs, logs) if server else None
+    return [*forked] if forked else [*_popen_ranks(argv, envs, logs)]
 
 
 def _fork_ranks(
@@ -116,7 +117,6 @@ def _popen_ranks(argv: list[str], envs: list[dict[str, str]], logs: list[Path]) 
     for env, path in zip(envs, logs, strict=True):
         stderr = open(path, "wb")  # noqa: SIM115 - closed by the child's exit
         # Own process group, not the terminal's: Ctrl-C reaches the tuner, not the probe; killpg reaches all.
-        group = {"process_group": 0 if not procs else procs[0].pid}
         procs.append(
             subprocess.Popen(
                 [sys.executable, *argv],
@@ -124,7 +124,7 @@ def _popen_ranks(argv: list[str], envs: list[dict[str, str]], logs: list[Path]) 
                 stdin=subprocess.DEVNULL,
                 stdout=stderr,
                 stderr=stderr,
-                **group,
+                process_group=0 if not procs else procs[0].pid,
             )
         )
         stderr.close()

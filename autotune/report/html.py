@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 import io
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import matplotlib
 from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
@@ -44,6 +44,7 @@ from autotune.status import Attr, Status
 from autotune.units import GIB
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from optuna.trial import FrozenTrial
 
     from autotune.report.data import ReportData
@@ -99,12 +100,12 @@ def _svg(fig: Figure, name: str) -> str:
     return re.sub(r"<svg ", f'<svg role="img" aria-label="{html.escape(name)}" ', text, count=1)
 
 
-def _new_figure() -> tuple[Figure, object]:
+def _new_figure() -> tuple[Figure, Axes]:
     fig = Figure(figsize=FIGSIZE)
     return fig, fig.add_subplot()
 
 
-def _empty(ax, message: str) -> None:
+def _empty(ax: Axes, message: str) -> None:
     ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, color="#666")
     ax.set_xticks([])
     ax.set_yticks([])
@@ -117,7 +118,9 @@ def _style_key(trial: FrozenTrial, limit: float) -> str | None:
     return status if status in STYLES else None
 
 
-def _label(ax, xlabel: str, ylabel: str, title: str, grid_axis: str = "both") -> None:
+def _label(
+    ax: Axes, xlabel: str, ylabel: str, title: str, grid_axis: Literal["both", "x", "y"] = "both"
+) -> None:
     """Axis labels, title, a light grid and the legend: every figure of the report ends the same way."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -127,7 +130,7 @@ def _label(ax, xlabel: str, ylabel: str, title: str, grid_axis: str = "both") ->
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
-def _budget_lines(ax, report: ReportData, vertical: bool) -> None:
+def _budget_lines(ax: Axes, report: ReportData, vertical: bool) -> None:
     line = ax.axvline if vertical else ax.axhline
     line(report.budget.bytes / GIB, color="#d62728", lw=1.2, label="memory budget")
     line(
@@ -139,7 +142,7 @@ def _budget_lines(ax, report: ReportData, vertical: bool) -> None:
     )
 
 
-def _scatter_group(ax, xs: list[float], ys: list[float], key: str) -> None:
+def _scatter_group(ax: Axes, xs: list[float], ys: list[float], key: str) -> None:
     label, colour, marker, filled = STYLES[key]
     ax.scatter(
         xs,

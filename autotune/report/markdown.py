@@ -96,6 +96,7 @@ def _recommendation_md(report: ReportData) -> list[str]:
         for number, tips in report.advice.items():
             parts += [f"\nTrial #{number}:\n\n", *(f"- {tip}\n" for tip in tips)]
         return parts
+    assert report.verl is not None  # report.data makes the overrides whenever it has a chosen trial
     parts = [
         "The configuration (best_config.yaml without its `measured:` block):\n\n```yaml\n",
         config_yaml(report),

@@ -8,7 +8,7 @@ duplicate. When nothing is feasible, the closest trials (smallest violation) are
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import dataclass, field
 
 import optuna
@@ -39,7 +39,7 @@ def ok_front(study: optuna.Study) -> list[FrozenTrial]:
 
 
 def pareto_best(
-    front: list[FrozenTrial], budget: Budget, exclude: set[int] = frozenset()
+    front: list[FrozenTrial], budget: Budget, exclude: Set[int] = frozenset()
 ) -> FrozenTrial | None:
     """The first trial of a sorted front within budget·(1 − headroom), skipping excluded trials and their
     duplicates (a confirmation probe rejected them)."""
@@ -59,7 +59,7 @@ def best_feasible(study: optuna.Study, budget: Budget) -> FrozenTrial | None:
 
 
 def recommended(
-    study: optuna.Study, front: list[FrozenTrial], budget: Budget, exclude: set[int] = frozenset()
+    study: optuna.Study, front: list[FrozenTrial], budget: Budget, exclude: Set[int] = frozenset()
 ) -> FrozenTrial | None:
     """The re-measured contender with the best mean, unless a confirmation rejected it; else the
     Pareto-best."""

@@ -20,7 +20,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -244,6 +244,12 @@ def fail_trial(study: optuna.Study, trial_id: int, status: str) -> bool:
 # --- heartbeats --------------------------------------------------------------------------------------------
 
 
+class _HeartbeatStorage(Protocol):
+    """A storage that keeps heartbeats (optuna's private BaseHeartbeat: the storages with an interval)."""
+
+    def record_heartbeat(self, trial_id: int) -> None: ...
+
+
 def heartbeat_interval(study: optuna.Study) -> int | None:
     """Seconds between heartbeats; None for storages without them (only database storages have them)."""
     interval_of = getattr(study._storage, "get_heartbeat_interval", None)
@@ -252,16 +258,17 @@ def heartbeat_interval(study: optuna.Study) -> int | None:
 
 def beat_now(study: optuna.Study, trial_id: int) -> None:
     if heartbeat_interval(study):
-        study._storage.record_heartbeat(trial_id)
+        cast(_HeartbeatStorage, study._storage).record_heartbeat(trial_id)
 
 
 @contextlib.contextmanager
 def heartbeat(study: optuna.Study, trial_id: int) -> Iterator[None]:
     """Record Optuna heartbeats for a running trial (database storages), so a dead worker is noticed."""
-    storage, interval = study._storage, heartbeat_interval(study)
+    interval = heartbeat_interval(study)
     if not interval:
         yield
         return
+    storage = cast(_HeartbeatStorage, study._storage)  # it has an interval: it keeps heartbeats
     stop = threading.Event()
 
     def beat() -> None:

@@ -89,11 +89,11 @@ def sides(winner: FrozenTrial, rivals: list[FrozenTrial]) -> list[Side]:
     verl does not read) the same with only verl's knobs set to the pick's, then the pick. The second makes
     the gain verl would see: hand-made -> second is what verl's knobs give, second -> pick what only the
     probe's own knobs give."""
-    pick_config = trial_config(winner)
+    pick_config = pick.trial_config_of(winner)
     order = []
     for trial in rivals:
         label = trial.user_attrs.get(Attr.SEED_CONFIG)
-        config = trial_config(trial)
+        config = pick.trial_config_of(trial)
         order.append(Side(str(trial.number), config, f"#{trial.number} (hand-made '{label}')"))
         mixed = with_verl_knobs(config, pick_config)
         if config_key(mixed) != config_key(pick_config):

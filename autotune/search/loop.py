@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -32,6 +33,14 @@ from autotune.search.study import finished_trials, status_counts, trial_status
 from autotune.search.tuner import Tuner
 from autotune.status import Attr, Status
 from autotune.units import GIB
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
+    from typing import Any, TypeAlias
+
+    # What signal.signal takes and returns: a function, SIG_DFL / SIG_IGN, or None (not set from Python)
+    _SignalHandler: TypeAlias = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 __all__ = [
     "CRASH_STREAK_LIMIT",
@@ -63,7 +72,7 @@ class StopControl:
         self.stop_requested = False
         self.stop_reason = ""
         self.cancel = threading.Event()
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, _SignalHandler] = {}
 
     def __enter__(self) -> StopControl:
         self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}

@@ -12,6 +12,7 @@ sees more of the study's measurements. Everything else is probed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +21,9 @@ from optuna.trial import FrozenTrial
 from autotune.config.knobs import ProbeConfig, job_of, same_job
 from autotune.memory.model import MemoryModel
 from autotune.search.outcome import Outcome
+from autotune.search.pick import trial_config_of
 from autotune.search.space import at_least_as_large
-from autotune.search.study import Budget, measured_ok, oom_phase, trial_config
+from autotune.search.study import Budget, measured_ok, oom_phase
 from autotune.status import MEASURED, Attr, Status
 
 __all__ = [
@@ -92,7 +94,7 @@ def previous_measurement(config: ProbeConfig, trials: list[FrozenTrial]) -> Froz
     return None
 
 
-def calibrated(prior: MemoryModel, trials: list[FrozenTrial]) -> tuple[MemoryModel, int]:
+def calibrated(prior: MemoryModel, trials: Sequence[FrozenTrial]) -> tuple[MemoryModel, int]:
     """The memory model refitted from the priors on every ok probe among `trials`, and how many there were.
     Under --engine verl it stays at its priors: a verl probe's peak is the GPUs' (NVML), vLLM's pool and
     processes included, not the training side the model predicts."""
@@ -101,7 +103,7 @@ def calibrated(prior: MemoryModel, trials: list[FrozenTrial]) -> tuple[MemoryMod
     )
     if prior.rollout_card_bytes is not None:
         return fresh, 0
-    points = [(trial_config(t), t.user_attrs[Attr.PEAK_BYTES]) for t in trials if measured_ok(t)]
+    points = [(trial_config_of(t), t.user_attrs[Attr.PEAK_BYTES]) for t in trials if measured_ok(t)]
     return fresh.calibrate(points), len(points)
 
 
@@ -112,7 +114,7 @@ def _measured_ooms(
     return [
         (
             t.number,
-            trial_config(t),
+            trial_config_of(t),
             t.user_attrs.get(Attr.PEAK_BYTES, budget.bytes),
             oom_phase(t),
         )

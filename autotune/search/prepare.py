@@ -254,8 +254,8 @@ def command_line_space(data: Any, options: RunOptions, source: str = "the space 
     data = copy.deepcopy(data)
     settings = {"model": options.model, "gpus": options.gpus, "reward_model": options.reward_model}
     data.update({key: value for key, value in settings.items() if value is not None})
-    fixed = {TRAIN: options.train_batch_size, MINI: options.mini_batch_size}
-    fixed = {name: value for name, value in fixed.items() if value is not None}
+    given = {TRAIN: options.train_batch_size, MINI: options.mini_batch_size}
+    fixed = {name: value for name, value in given.items() if value is not None}
     _add_tuned(data, list(dict.fromkeys(options.tune or [])), fixed, source)
     for name, value in fixed.items():
         _fix_knob(data, name, value)
@@ -406,7 +406,8 @@ def check_offload(space: SearchSpace, device: str) -> None:
     for name in OFFLOAD_KNOBS:
         if True not in space.knob(name).values():
             continue
-        for finding in offload_findings(ProbeConfig(sharding=sharded, **{name: True}), device):
+        offloading: dict[str, Any] = {name: True}  # one of ProbeConfig's offload flags
+        for finding in offload_findings(ProbeConfig(sharding=sharded, **offloading), device):
             lines.append(f"knobs.{name} may be true, but {finding.problem}; fix: {finding.fix}")
     if lines:
         raise UserError(f"{space.source}: " + "; ".join(lines))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from typing import Any
 
 import numpy as np
@@ -94,7 +94,9 @@ class SystemSampler(optuna.samplers.BaseSampler):
 
     def _target(self, study: optuna.Study) -> tuple[ProbeConfig, dict[str, Any]] | None:
         chosen = self._choose(study)
-        params = config_to_params(self.space, chosen) if chosen is not None else None
+        if chosen is None:
+            return None
+        params = config_to_params(self.space, chosen)
         return (chosen, params) if params is not None else None
 
     def _legacy_target(self, trial: FrozenTrial) -> tuple[ProbeConfig, dict[str, Any]] | None:
@@ -139,7 +141,7 @@ def choose(
     trials: Sequence[FrozenTrial],
     prior: MemoryModel,
     budget: Budget,
-    busy: set[str] = frozenset(),
+    busy: Set[str] = frozenset(),
     boldness: float = BOLDNESS,
 ) -> ProbeConfig | None:
     """The next configuration to probe given the study's complete `trials`; None when every candidate is

@@ -147,7 +147,8 @@ def trial_environment(trial: FrozenTrial) -> dict[str, Any]:
 
 def oom_phase(trial: FrozenTrial) -> str | None:
     """The phase of verl's training the trial ran out of memory in (`status.OOM_PHASES`), when known."""
-    return OOM_PHASES.get(trial.user_attrs.get(Attr.OOM_KIND))
+    kind = trial.user_attrs.get(Attr.OOM_KIND)
+    return None if kind is None else OOM_PHASES.get(kind)
 
 
 def config_key(config: ProbeConfig) -> str:

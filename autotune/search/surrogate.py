@@ -158,7 +158,9 @@ class _PhaseModel:
     @classmethod
     def fit(cls, features: list[_Feature], rows: list[dict[str, Any]], seconds: list[float]) -> _PhaseModel:
         # floored like y below: a result without timings (0 s) would make the intercept -inf, the model NaN
-        priors = [(float(np.log(max(np.mean(seconds), 1e-6))) if seconds else 0.0, PRIOR_SD["intercept"])]
+        priors = [
+            (float(np.log(max(float(np.mean(seconds)), 1e-6))) if seconds else 0.0, PRIOR_SD["intercept"])
+        ]
         priors += [f.prior() for f in features]
         prior_mean = np.array([m for m, _ in priors])
         prior_precision = np.diag([1.0 / sd**2 for _, sd in priors])

@@ -114,7 +114,10 @@ class Tuner:
         return outage.record_or_keep(self.study, trial, outcome, self.record, self.retry, self.pending)
 
     def replay_pending(self, path: Path | None = None) -> outage.Replay:
-        return outage.replay_pending(self.study, path or self.pending.path, self.record)
+        replayed = path or self.pending.path
+        if replayed is None:
+            raise ValueError("no pending file to replay: this tuner keeps its measurements in memory")
+        return outage.replay_pending(self.study, replayed, self.record)
 
     def retry(self, operation, what: str):
         url = self.storage_url or "the study's storage"

@@ -108,6 +108,11 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     here = machine_identity(actor, reward, device_label(device), space.gpus)  # the study's job, or another?
     check_same_job(study, here, keys=tuple(here))
     budget = plan.budget
+    if budget is None:  # `autotune run` stores it with the plan: only a damaged or partial plan lacks it
+        raise UserError(
+            f"study {options.study!r} in {redact(options.storage)} stores no memory budget: a worker "
+            f"measures against the study's own; start the study with `autotune run` first"
+        )
     card = rollout_card_bytes(settings.engine, device, budget)
     model = MemoryModel(Architecture.from_specs(actor, reward), space.gpus, device, rollout_card_bytes=card)
     slots = plan_slots(options.parallel, space.gpus, device)

@@ -9,6 +9,8 @@ runs whole on every rank, as a served reward model does.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from autotune.config.knobs import ProbeConfig
@@ -20,6 +22,9 @@ from autotune.models.registry import (
 )
 from autotune.probe.rank.ppo import Models
 from autotune.probe.rank.sharding import distribute, park, place
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["build_actor_and_ref", "build_models", "build_value_model", "dtypes"]
 
@@ -52,7 +57,7 @@ def _with_lora(model: torch.nn.Module, config: ProbeConfig, task_type: str) -> t
     return get_peft_model(model, lora)  # adapters are kept in fp32 by peft (autocast_adapter_dtype)
 
 
-def _prepare_trainable(model: torch.nn.Module, config: ProbeConfig) -> torch.nn.Module:
+def _prepare_trainable(model: PreTrainedModel, config: ProbeConfig) -> PreTrainedModel:
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if config.use_lora:

@@ -100,7 +100,8 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 def rollout(models: Models, ctx: StepContext, prompt_batches: Iterator[dict[str, torch.Tensor]]) -> dict:
     """T/R generation calls of R samples (each rank R/W), forced to exactly max_response_length tokens."""
     c = ctx.config
-    sequences, masks = [], []
+    sequences: list[torch.Tensor] = []
+    masks: list[torch.Tensor] = []
     actor = unwrap(models.actor)
     with offloaded(c, ctx.device, actor), gathered(actor, c), inference(actor):
         for _ in range(c.train_batch_size // c.rollout_batch_size):
@@ -130,8 +131,9 @@ def _generate_one(
     c = ctx.config
     prompts = batch["input_ids"].repeat_interleave(c.rollout_n, dim=0).to(ctx.device)
     prompt_mask = batch["attention_mask"].repeat_interleave(c.rollout_n, dim=0).to(ctx.device)
+    hf: Any = actor  # a Hugging Face model or peft's wrapper: `generate` is theirs, not torch's Module's
     with torch.no_grad(), ctx.autocast():
-        out = actor.generate(
+        out = hf.generate(
             input_ids=prompts,
             attention_mask=prompt_mask,
             do_sample=True,
@@ -211,7 +213,8 @@ def score(models: Models, ctx: StepContext, batch: dict) -> None:
             lambda i, m, r: response_log_probs(actor, ctx, i, m, r), batch, micro
         )
         if c.use_kl and models.ref is None:
-            with actor.disable_adapter():  # LoRA: the frozen base model is the reference, no second copy
+            peft_model: Any = actor  # peft's wrapper (untyped): disable_adapter is peft's
+            with peft_model.disable_adapter():  # LoRA: the frozen base model is the reference, no second copy
                 batch["ref_log_probs"] = _forward_in_micro_batches(
                     lambda i, m, r: response_log_probs(actor, ctx, i, m, r), batch, micro
                 )
@@ -281,6 +284,7 @@ def _actor_loss(models: Models, ctx: StepContext, batch: dict, idx: torch.Tensor
 
 
 def _critic_loss(models: Models, ctx: StepContext, batch: dict, idx: torch.Tensor) -> torch.Tensor:
+    assert models.critic is not None  # update trains the critic only when there is one
     values = response_values(
         models.critic, ctx, batch["input_ids"][idx], batch["attention_mask"][idx], batch["responses"].shape[1]
     )

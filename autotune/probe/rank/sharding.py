@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from autotune.config.knobs import ProbeConfig
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 __all__ = ["distribute", "gathered", "hf_model", "offloaded", "park", "place", "wrap_targets"]
 
@@ -34,8 +38,9 @@ __all__ = ["distribute", "gathered", "hf_model", "offloaded", "park", "place", "
 def hf_model(model: torch.nn.Module) -> torch.nn.Module:
     """The Hugging Face model itself: inside peft's wrapper when there is one."""
     base = getattr(model, "base_model", None)
-    wrapped = base is not None and hasattr(base, "model") and hasattr(model, "peft_config")
-    return base.model if wrapped else model
+    if base is not None and hasattr(base, "model") and hasattr(model, "peft_config"):
+        return base.model
+    return model
 
 
 def wrap_targets(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -81,7 +86,7 @@ def distribute(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    options: dict[str, object] = {
+    options: dict[str, Any] = {  # fully_shard's keyword arguments
         "mesh": init_device_mesh(device.type, (world_size,)),
         "reshard_after_forward": config.sharding == "full_shard",
     }
@@ -96,7 +101,7 @@ def distribute(
     return model
 
 
-def _fsdp_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+def _fsdp_modules(model: torch.nn.Module) -> list[FSDPModule]:
     from torch.distributed.fsdp import FSDPModule
 
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -145,20 +150,20 @@ def offloaded(
     """The model's states on the device for the block, on the host outside it (verl's offload); a no-op
     without offload (and on CPU, where the rules refuse it). `optimizer`: the block steps it, so Adam's states
     come too."""
-    params = config.param_offload and model is not None
-    states = config.optimizer_offload and optimizer is not None
-    if not (params or states) or device.type != "cuda":
+    moving = model if config.param_offload else None  # the model whose states move, if any
+    stepping = optimizer if config.optimizer_offload else None  # the optimizer whose states move, if any
+    if (moving is None and stepping is None) or device.type != "cuda":
         yield
         return
-    if params:
-        model.to(device)
-    if states:
-        _move_optimizer(optimizer, device)
+    if moving is not None:
+        moving.to(device)
+    if stepping is not None:
+        _move_optimizer(stepping, device)
     try:
         yield
     finally:
-        if params:
-            model.to("cpu")
-        if states:
-            _move_optimizer(optimizer, "cpu")
+        if moving is not None:
+            moving.to("cpu")
+        if stepping is not None:
+            _move_optimizer(stepping, "cpu")
         torch.cuda.empty_cache()

@@ -136,7 +136,7 @@ def run_verl_probe(
         write_dataset(run.train_path, run.prompts, config.max_prompt_length, _prompt_counter(settings))
         # What others held of the slot's GPUs and the load before the run (other_cores needs the ranks' own
         # CPU time, which verl's Ray workers do not report: None here)
-        load = {"other_cores": None, "cores": os.cpu_count(), "load_1m_start": load_average()}
+        load: dict[str, Any] = {"other_cores": None, "cores": os.cpu_count(), "load_1m_start": load_average()}
         gpus = gpu_others(settings.visible_devices) if settings.device == "cuda" else None
         started = time.monotonic()
         ending = _launch(run, run_dir, settings.timeout_seconds, cancel, watch.start())

@@ -204,7 +204,9 @@ def _oom(lines: list[tuple[str, str]]) -> tuple[str, str] | None:
         )
     index = _first_match(texts, VLLM_CUMEM_OOM)
     if index is not None:
-        said = texts[index][VLLM_CUMEM_OOM.search(texts[index]).start() :]  # not a logger's date and file
+        found = VLLM_CUMEM_OOM.search(texts[index])
+        assert found is not None  # _first_match found it on this line
+        said = texts[index][found.start() :]  # not a logger's date and file
         return ROLLOUT_OOM, _short(
             f"vLLM's sleep-mode allocator ran out of GPU memory (the rollout engine mapping its memory "
             f"beside the trainer's): {said}"
