@@ -1,5 +1,4 @@
-"""Search spaces: a YAML file becomes a validated `SearchSpace` whose every sample is valid (docs/design.md,
-"Search spaces: valid by construction").
+"""Search spaces: a YAML file becomes a validated `SearchSpace` whose every sample is valid.
 
     space = load_space("cpu-tiny")            # a shipped name (see `shipped_spaces()`) or a YAML file path
     config = sample_config(space, trial)      # a ProbeConfig that breaks no rule (autotune.config.rules)
@@ -7,92 +6,12 @@
     space.grid(), space.size()                # every valid configuration, and how many there are
     space.recipe(), space.tune                # what the study trains (held fixed), and the recipe it searches
 
-The study tunes the system and keeps the user's recipe. Recipe knobs (`RECIPE_KNOBS`: train batch T, mini
-batch M, prompt and response lengths; with the top-level algorithm, rollout_n, kl_coef and LoRA) change what
-is trained per step: a larger T only amortises fixed costs and a shorter Lr only does less work, so a search
-over them drifts to another algorithm. Each must be one value unless the top-level `tune:` list names it; the
-report then flags it. System knobs (`SYSTEM_KNOBS`: rollout batch, micro batches, workers, checkpointing,
-sharding, offload) change speed and memory only; the study searches them.
+The recipe (`RECIPE_KNOBS`) is held at one value unless `tune:` names it; the system (`SYSTEM_KNOBS`) is
+searched. The batch knobs are chosen in a fixed order (T, M, R, m, lm), each range clipped by the choices
+before it, so sampling reaches every valid configuration and nothing else; M becomes g = M/(W·m).
 
-Valid by construction. The batch knobs are chosen in a fixed order, each range clipped by the choices made
-before it. With W = gpus, n = rollout_n, the unit u = W·n and v = v2(n) (the exponent of 2 in n):
-
-    knob                        value     range        ensures
-    train_batch_size           T  = u·2^b  [b_lo, b_hi]
-    mini_batch_size            M  = u·2^c  c <= b       T % M == 0
-    rollout_batch_size         R  = u·2^a  a <= b       T % R == 0
-    micro_batch_size           m  = 2^i    i <= c+v     m divides M/W
-    log_prob_micro_batch_size  lm = 2^l    l <= b+v     lm divides T/W
-
-M is samples per optimizer step (verl's ppo_mini_batch_size × rollout_n); the gradient accumulation steps
-are derived, g = M/(W·m), and fill ProbeConfig's field, so T % (m·g·W) == 0 holds. R % W == 0 and whole
-prompt groups per rank (R % (W·n) == 0) hold because R is a multiple of u. b's own lower bound already
-accounts for the knobs after it (and c's for m), so every choice leaves at least one valid completion, and
-the clipped ranges hold exactly the valid configurations: sampling reaches all of them and nothing else.
-
-Optuna parameters are the knobs themselves, by name and real value, so Optuna's tools (the dashboard, `optuna
-trials`) read like the space file. A power-of-two knob (the batch knobs, a `{min, max}` length) is a
-categorical over every value it can take in the space (`reach`); a categorical's choices must stay the same
-across a study's trials, and the reach does (only the clipping moves). When the recipe is fixed (T and M one
-value each, every shipped space) no clipping moves either: any sampler draws only valid configurations. When
-`tune:` searches T or M, a later knob's range depends on them; a generic sampler (TPE, random) may then draw a
-value outside it, and the nearest value inside is used (the trial's `config` attribute says what ran; the
-study's own sampler and the enqueued configs always ask for valid ones). Studies written before this kept
-exponents (`log2_micro_batch_size`, T, M and R as `log2_<knob>_units`): `upgrade_params` reads them.
-
-Lengths, workers, gradient checkpointing and the holding (sharding, offload) are independent of the batch
-knobs: a fixed list of choices is a categorical, a range is an integer (`{min, max}` of a length: powers of
-two; with `step`: linear). Offload is FSDP's: an offload knob is asked only when the sampled sharding is
-full_shard or shard_grad_op (false under replicate), so no sample offloads replicated states.
-`num_rollout_workers` is a linear range whose max is clipped to the physical cores of the machine the space
-was loaded on (`SearchSpace.cores`); a min above them is an error (workers beyond the cores compete for
-them and rollout stalls).
-
-YAML schema (unknown keys anywhere are errors; every error is reported at once, one line each):
-
-    description: "..."
-    model: tiny-llama              # registry name or local directory (resolved by the caller)
-    reward_model: function         # 'function' (rule-based) or a registry name / directory
-    gpus: 1                        # W ranks
-    memory_budget_gib: 1.0         # per rank; null = the device's memory (the caller decides)
-    headroom: 0.10                 # feasible means peak <= budget·(1-headroom)
-    algorithm: ppo                 # ppo | grpo
-    rollout_n: 1                   # samples per prompt; grpo needs >= 2
-    kl_coef: 0.05
-    lora: {enabled: false, r: 16, alpha: 32}
-    probe: {iterations: 2, warmup: 1, timeout_seconds: 600}
-    tune: []                       # optional: recipe knobs the study may search (the report flags them)
-    knobs:                         # a scalar fixes a knob; batch knobs: u·2^k or 2^k, {min, max} rounded in
-      # the recipe: one value each, unless listed under tune:
-      train_batch_size: 32                            # samples per PPO iteration
-      mini_batch_size: 8                              # samples per optimizer step (M = m·g·W)
-      max_prompt_length: 32                           # a tuned length: {min, max} powers of two,
-      max_response_length: 64                         # {min, max, step} or {choices: [...]}
-      # the system: searched
-      rollout_batch_size: {min: 8, max: 32}
-      micro_batch_size: {min: 1, max: 8}
-      log_prob_micro_batch_size: {min: 2, max: 32}    # optional; omitted or null = same as micro_batch_size
-      num_rollout_workers: {min: 1, max: 4}           # or {min, max, step}, {choices: [...]}, a scalar
-      gradient_checkpointing: {choices: [true, false]}  # optional; default true (verl's)
-      sharding: {choices: [full_shard, shard_grad_op]}  # optional; replicate | full_shard | shard_grad_op,
-                                                        # default replicate
-      param_offload: false                            # optional, default false; offload_policy and
-      optimizer_offload: false                        # these (true/false or {choices}) need a sharding
-      offload_policy: {choices: [false, true]}        # other than replicate, and CUDA
-      # verl's own knobs, --engine verl only (`prepare` refuses them for the built-in probe); null = the rule
-      gpu_memory_utilization: {min: 0.3, max: 0.6}    # vLLM's share of the card: values in (0, 1),
-                                                      # {choices}, or {min, max[, step]} (step 0.05)
-      tensor_model_parallel_size: {min: 1, max: 2}    # divisors of gpus; {choices} or a value too
-      max_num_seqs: {choices: [128, 256]}             # as a length: {min, max} powers of two, step, choices
-      use_dynamic_bsz: {choices: [false, true]}       # micro-batches cut by a token budget per GPU
-      ppo_max_token_len_per_gpu: {min: 4096, max: 16384}  # asked only with use_dynamic_bsz; >= Lp + Lr
-    seed_configs:                  # optional: hand-made configs, enqueued first when they fit the space
-      - {name: "...", train_batch_size: 32, mini_batch_size: 8, rollout_batch_size: 8,
-         micro_batch_size: 4, num_rollout_workers: 1, max_prompt_length: 32,
-         max_response_length: 64}  # optional: log_prob_micro_batch_size and the system knobs above
-
-`gradient_accumulation_steps` is not a knob (in `knobs:` or a seed it is an error that says to give
-`mini_batch_size` instead): with the mini batch fixed it follows from the micro batch.
+The YAML schema, the construction and how Optuna sees the knobs: docs/search-spaces.md (and docs/design.md,
+"Search spaces: valid by construction").
 """
 
 from __future__ import annotations
@@ -648,7 +567,7 @@ def _params_and_misfits(space: SearchSpace, config: ProbeConfig) -> tuple[dict[s
             form = f"gpus×rollout_n×2^k = {space.unit}×2^k" if spec.name in UNIT_KNOBS else "a power of two"
             problems.append(f"{spec.name}={shown}: not {form}")
             continue
-        if low is not None and not low <= exponent <= high:
+        if low is not None and high is not None and not low <= exponent <= high:
             span = f"{spec.value(low)}..{spec.value(high)}"
             problems.append(
                 f"{spec.name}={shown}: outside {span}, the space's range given the knobs before it"
@@ -866,7 +785,7 @@ def _parse_section(check: Checker, path: str, data: Any, keys: tuple[str, ...], 
     if check.mapping(path, data) is None:
         return default
     check.unknown_keys(path, data, keys)
-    values = {}
+    values: dict[str, Any] = {}
     for key in keys:
         value = data.get(key, getattr(default, key))
         full = f"{path}.{key}"
@@ -1096,10 +1015,11 @@ def _parse_verl_knob(check: Checker, name: str, raw: Any, gpus: int | None) -> K
 def _verl_range(check: Checker, name: str, raw: dict, gpus: int | None) -> list[Any] | None:
     path = f"knobs.{name}"
     if name == TP:
-        low, high = check.integer(f"{path}.min", raw["min"], 1), check.integer(f"{path}.max", raw["max"], 1)
-        if low is None or high is None or gpus is None:
+        smallest = check.integer(f"{path}.min", raw["min"], 1)
+        largest = check.integer(f"{path}.max", raw["max"], 1)
+        if smallest is None or largest is None or gpus is None:
             return None
-        found = [d for d in divisors(gpus) if low <= d <= high]
+        found = [d for d in divisors(gpus) if smallest <= d <= largest]
         if not found:
             check.error(path, raw, f"no divisor of the {gpus} GPU(s) in the range")
         return found or None
