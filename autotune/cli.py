@@ -420,7 +420,7 @@ def add_listing_parsers(sub: argparse._SubParsersAction) -> None:
 
 def recipe_knobs(text: str) -> list[str]:
     """--tune's value: recipe knobs, comma-separated (argparse reports a wrong one in one line)."""
-    from autotune.search.space import RECIPE_KNOBS, SYSTEM_KNOBS
+    from autotune.space.model import RECIPE_KNOBS, SYSTEM_KNOBS
 
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:
@@ -607,8 +607,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from autotune.search.prepare import RunOptions, parse_duration
-    from autotune.search.run import run_study
+    from autotune.run.main import run_study
+    from autotune.run.prepare import RunOptions, parse_duration
 
     budget = parse_duration(args.time_budget) if args.time_budget else None
     return run_study(
@@ -617,8 +617,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from autotune.search.prepare import parse_duration
-    from autotune.search.worker import WorkerOptions, run_worker
+    from autotune.run.prepare import parse_duration
+    from autotune.run.worker import WorkerOptions, run_worker
 
     budget = parse_duration(args.time_budget) if args.time_budget else None
     return run_worker(options_from(args, WorkerOptions, time_budget_seconds=budget))
@@ -643,7 +643,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _cmd_spaces(args: argparse.Namespace) -> int:
-    from autotune.search.shipped import space_lines, space_rows
+    from autotune.space.shipped import space_lines, space_rows
 
     rows = space_rows()
     print(json.dumps(rows, indent=2) if args.json else space_lines(rows))
@@ -669,7 +669,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        from autotune.search.storage import scrub, transient
+        from autotune.study.storage import scrub, transient
 
         if not transient(exc):
             raise

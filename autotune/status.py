@@ -77,5 +77,5 @@ class StudyAttr:
     PLAN = "plan"  # the StudyPlan: what every run, worker and report of the study shares
     SEEDED = "seeded"  # the hand-made configs were enqueued once
     CONFIRMATIONS = "confirmations"  # `autotune report --confirm` results by trial number
-    BACK_TO_BACK = "back_to_back"  # the recommended and hand-made configs probed in turn (search.gain)
-    REMEASURED = "remeasured"  # the contenders' re-probes before the report, by trial number (search.pick)
+    BACK_TO_BACK = "back_to_back"  # the recommended and hand-made configs probed in turn (report.gain)
+    REMEASURED = "remeasured"  # the contenders' re-probes before the report, by trial number (report.pick)

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.memory.model import Architecture, MemoryModel
 from autotune.probe.contract import ProbeSettings
-from autotune.search.space import SearchSpace
+from autotune.space.model import SearchSpace
 from autotune.units import GIB
 
 if TYPE_CHECKING:
-    from autotune.search.study import Budget
+    from autotune.study.trials import Budget
 
 __all__ = [
     "RESULTS",
@@ -45,7 +45,7 @@ def probe_settings(
     """The probe `autotune run` launches for `space`: its model, reward model, ranks and probe section.
 
     Budget rule: the emulated memory budget is the space's `memory_budget_gib`, else none. That is what
-    `autotune run` probes with when the space sets a budget (autotune.search.run.prepare); its further
+    `autotune run` probes with when the space sets a budget (autotune.run.main.prepare); its further
     fallbacks (--memory-budget, the device's whole memory) have no counterpart in a benchmark, and a budget
     of the machine's whole memory would emulate nothing.
 
@@ -70,7 +70,7 @@ def probe_settings(
 
 def space_budget(space: SearchSpace) -> Budget:
     """The study's budget for `space`: its memory_budget_gib and headroom (feasible: peak <= .limit)."""
-    from autotune.search.study import Budget
+    from autotune.study.trials import Budget
 
     if space.memory_budget_gib is None:
         raise ValueError(f"space {space.name!r} sets no memory_budget_gib: a benchmark needs one")
@@ -106,7 +106,7 @@ def current_key(stored: str) -> str:
     """A table's config key as today's `config_key` writes it: a key written before ProbeConfig gained a
     field (verl's knobs) reads with that field at its default."""
     from autotune.config.knobs import ProbeConfig
-    from autotune.search.study import config_key
+    from autotune.study.trials import config_key
 
     return config_key(ProbeConfig(**json.loads(stored)))
 

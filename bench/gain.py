@@ -71,10 +71,10 @@ from autotune.memory.sharded import estimate_memory
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.probe.launcher import run_probe
 from autotune.report.selection import best_feasible
-from autotune.search.prepare import states_floor
-from autotune.search.space import SearchSpace, knob_value, load_space, space_from_dict
-from autotune.search.study import status_counts, trial_config
+from autotune.run.prepare import states_floor
+from autotune.space.model import SearchSpace, knob_value, load_space, space_from_dict
 from autotune.status import Attr, Status
+from autotune.study.trials import status_counts, trial_config
 from autotune.units import GIB
 from bench import common
 

@@ -29,7 +29,7 @@ import pandas as pd
 
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import MemoryModel
-from autotune.search.space import SearchSpace, load_space
+from autotune.space.model import SearchSpace, load_space
 from bench import common, fidelity
 from bench.memory_points import triples
 

@@ -18,7 +18,7 @@ optimum: how fast the search reaches a good configuration. **Pick**: after 12 pr
 stops), the true samples/sec of the configuration the method hands over by its own rule, as a share of the
 best among the table's five fastest that fit: whether noise fooled it. For autotune the pick is what its
 report recommends, after re-measuring the contenders within the probe noise of the leader
-(autotune.search.pick; a replayed re-probe draws again from the two measurements); random and TPE hand over
+(autotune.report.pick; a replayed re-probe draws again from the two measurements); random and TPE hand over
 their best measurement, DeepSpeed's fast mode its fastest measured micro batch, Lightning's power mode the
 largest micro batch that fit. Printed per table: found after 4, 8, 12 and 20 probes (median and worst over
 the seeds), OOM probes per search (mean, max), probes until found reaches 95% (median), the pick (median,
@@ -55,14 +55,14 @@ from rich.console import Console
 
 from autotune.config.knobs import ProbeConfig
 from autotune.probe.contract import ProbeResult
+from autotune.report import pick
 from autotune.report.selection import best_feasible
-from autotune.search import pick
-from autotune.search.prepare import hold_unexported
+from autotune.run.prepare import hold_unexported
+from autotune.run.tuner import Tuner
 from autotune.search.sampler import SystemSampler
-from autotune.search.space import SearchSpace
-from autotune.search.study import Budget, config_key, enqueue_seed_configs, make_sampler
-from autotune.search.tuner import Tuner
+from autotune.space.model import SearchSpace
 from autotune.status import Status
+from autotune.study.trials import Budget, config_key, enqueue_seed_configs, make_sampler
 from bench import common
 from bench.search_tables import TABLES, Table, load_rows, table_by_name
 
@@ -82,7 +82,7 @@ class Truth:
     @classmethod
     def load(cls, table: Table, search_unexported: bool = False) -> Truth:
         """The table as `autotune run` searches its space: the knobs verl does not read held at one value
-        (autotune.search.prepare.hold_unexported), unless `search_unexported` (the whole table)."""
+        (autotune.run.prepare.hold_unexported), unless `search_unexported` (the whole table)."""
         space = hold_unexported(table.space(cores=2), search_unexported, Console(quiet=True))
         wanted = {config_key(c) for c in space.grid()}
         runs: dict[str, list[dict[str, Any]]] = {}

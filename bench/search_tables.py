@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.probe.launcher import run_probe
-from autotune.search.space import SearchSpace, load_space
-from autotune.search.study import config_key
+from autotune.space.model import SearchSpace, load_space
+from autotune.study.trials import config_key
 from bench import common
 
 __all__ = ["TABLES", "Table", "load_rows", "measure", "table_by_name"]

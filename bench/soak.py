@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.soak --parallel 2         # two probe slots, journal storage
     .venv/bin/python -m bench.soak --trials 40 --marks 10,40   # a quick look
 
-It runs `autotune run` in this process (the same code as the command, `autotune.search.run.run_study`) on the
+It runs `autotune run` in this process (the same code as the command, `autotune.run.main.run_study`) on the
 `cpu-tiny` space with 1 measured iteration and no warm-up per probe (the shortest real probe), and samples
 this process's RSS, i.e. the tuner's, when the study reaches each mark (the last one as the tuner loop ends,
 before the report is written: that imports matplotlib once). Probes are child processes and do not
@@ -35,7 +35,7 @@ def space_with_short_probes(folder: Path) -> Path:
     """cpu-tiny with the shortest real probe: no warm-up, one measured iteration."""
     import yaml
 
-    from autotune.search.space import load_space
+    from autotune.space.model import load_space
 
     data = dict(load_space("cpu-tiny").raw)
     data["probe"] = {**data.get("probe", {}), "warmup": 0, "iterations": 1}
@@ -46,7 +46,7 @@ def space_with_short_probes(folder: Path) -> Path:
 
 def watch(storage: str, study: str, marks: list[int], stop: threading.Event, seen: dict[int, dict]) -> None:
     """Record the tuner's RSS and the elapsed time when the study first reaches each mark."""
-    from autotune.search.study import finished_trials, open_study
+    from autotune.study.trials import finished_trials, open_study
 
     me, started, opened = psutil.Process(), time.monotonic(), None
     while not stop.is_set() and len(seen) < len(marks):
@@ -62,9 +62,9 @@ def watch(storage: str, study: str, marks: list[int], stop: threading.Event, see
 
 
 def soak(trials: int, parallel: int, marks: list[int], folder: Path) -> dict:
-    import autotune.search.run
-    from autotune.search.run import RunOptions, run_study
-    from autotune.search.storage import default_storage_url
+    import autotune.run.main
+    from autotune.run.main import RunOptions, run_study
+    from autotune.study.storage import default_storage_url
 
     study = "soak"
     storage = default_storage_url(folder / study, parallel)
@@ -84,7 +84,7 @@ def soak(trials: int, parallel: int, marks: list[int], folder: Path) -> dict:
     started = time.monotonic()
     # The last mark is taken as the tuner loop ends, before the report: writing a report imports matplotlib
     # (about 30 MiB, once), which is not the tuner growing with its trial count.
-    write_report = autotune.search.run.finish
+    write_report = autotune.run.main.finish
 
     def finish_after_sampling(*args, **kwargs):
         rss = psutil.Process().memory_info().rss / MIB
@@ -97,11 +97,11 @@ def soak(trials: int, parallel: int, marks: list[int], folder: Path) -> dict:
         }
         return result
 
-    autotune.search.run.finish = finish_after_sampling
+    autotune.run.main.finish = finish_after_sampling
     try:
         run_study(options, Console(file=io.StringIO(), width=120))
     finally:
-        autotune.search.run.finish = write_report
+        autotune.run.main.finish = write_report
     elapsed = time.monotonic() - started
     time.sleep(1.0)  # the watcher's last look
     stop.set()

@@ -9,8 +9,8 @@ import optuna
 
 from autotune.config.knobs import ProbeConfig
 from autotune.probe.contract import ProbeResult
-from autotune.search.outcome import Outcome, record_outcome
-from autotune.search.study import Budget
+from autotune.study.outcome import Outcome, record_outcome
+from autotune.study.trials import Budget
 from autotune.units import GIB
 
 BUDGET = Budget(int(1.0 * GIB), 0.10)  # feasible: peak <= 0.9 GiB

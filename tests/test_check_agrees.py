@@ -19,9 +19,9 @@ from autotune.memory.model import Architecture, MemoryModel
 from autotune.models.names import model_name_or_path, registry_name
 from autotune.models.registry import resolve_model, resolve_reward_model
 from autotune.report.write import write_report
-from autotune.search.plan import StudyPlan
 from autotune.search.sampler import predicted_peaks
-from autotune.search.study import Budget
+from autotune.study.plan import StudyPlan
+from autotune.study.trials import Budget
 from autotune.units import GIB
 from tests.report_studies import BUDGET, knobs, new_study, record, standard_study
 

@@ -17,8 +17,8 @@ from autotune.cli import build_parser, main
 from autotune.errors import UserError
 from autotune.models.listing import model_rows, plain_table, print_model_table
 from autotune.models.names import MODELS
-from autotune.search.space import read_space, shipped_spaces
-from autotune.search.worker import check_shared_storage
+from autotune.run.worker import check_shared_storage
+from autotune.space.model import read_space, shipped_spaces
 
 
 def _parsers(parser: argparse.ArgumentParser, path: str = "autotune"):

@@ -26,11 +26,11 @@ from autotune.errors import Unavailable
 from autotune.probe.contract import ProbeSettings
 from autotune.probe.launcher import run_probe
 from autotune.report.write import write_report
-from autotune.search.outage import PendingFile
-from autotune.search.plan import StudyPlan
-from autotune.search.space import sample_config
-from autotune.search.storage import retrying
-from autotune.search.study import finished_trials, open_study, trial_status
+from autotune.space.model import sample_config
+from autotune.study.outage import PendingFile
+from autotune.study.plan import StudyPlan
+from autotune.study.storage import retrying
+from autotune.study.trials import finished_trials, open_study, trial_status
 from tests.conftest import QUICK_SPACE, REPO, run_cli
 from tests.test_study import BUDGET, FakeProbe, make_tuner
 

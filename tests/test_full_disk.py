@@ -17,10 +17,10 @@ import pytest
 
 from autotune.cli import main
 from autotune.errors import Unavailable
-from autotune.search.outage import PENDING_PREFIX, PendingFile, append_line
-from autotune.search.plan import StudyPlan
-from autotune.search.storage import file_guard
-from autotune.search.study import finished_trials, trial_status
+from autotune.study.outage import PENDING_PREFIX, PendingFile, append_line
+from autotune.study.plan import StudyPlan
+from autotune.study.storage import file_guard
+from autotune.study.trials import finished_trials, trial_status
 from tests.test_study import BUDGET, FakeProbe, make_tuner
 
 

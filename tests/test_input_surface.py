@@ -30,8 +30,8 @@ from autotune.config.knobs import (
 from autotune.config.rules import config_findings, raise_for
 from autotune.errors import UserError
 from autotune.formats.verl import format_overrides, verl_keys, verl_overrides
-from autotune.search.space import SpaceError, load_space, space_from_dict
-from autotune.search.storage import redact, remember_password, scrub
+from autotune.space.model import SpaceError, load_space, space_from_dict
+from autotune.study.storage import redact, remember_password, scrub
 
 BOUNDED = settings(
     max_examples=40,
@@ -90,7 +90,7 @@ def test_a_numeric_flag_is_a_finite_number_in_range_or_one_line(command, flag, t
 @BOUNDED
 @given(text=st.one_of(NUMBERS, st.from_regex(r"[0-9.]{1,6}[smhd]{1,2}[0-9]{0,3}", fullmatch=True)))
 def test_a_time_budget_is_a_positive_duration_of_at_most_a_month_or_one_line(text):
-    from autotune.search.prepare import parse_duration
+    from autotune.run.prepare import parse_duration
 
     try:
         seconds = parse_duration(text)

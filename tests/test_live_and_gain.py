@@ -14,12 +14,12 @@ from rich.console import Console
 
 from autotune.probe.conditions import CpuWindow, disturbance, other_cores, worst_disturbance
 from autotune.probe.contract import ProbeResult, ProbeSettings
+from autotune.report import gain
 from autotune.report.write import write_report
-from autotune.search import gain
-from autotune.search.live import Narrator, eta_text, short_config, trial_line
-from autotune.search.plan import StudyPlan
-from autotune.search.study import trial_config
+from autotune.run.live import Narrator, eta_text, short_config, trial_line
 from autotune.status import StudyAttr
+from autotune.study.plan import StudyPlan
+from autotune.study.trials import trial_config
 from autotune.units import GIB
 from tests.report_studies import BUDGET, knobs, new_study, record, result_attrs
 

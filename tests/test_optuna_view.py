@@ -17,9 +17,9 @@ from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import Architecture, MemoryModel
 from autotune.models.registry import resolve_model
 from autotune.probe.contract import ProbeSettings
-from autotune.search.outcome import Outcome, record_outcome
+from autotune.run.tuner import Tuner
 from autotune.search.sampler import SystemSampler
-from autotune.search.space import (
+from autotune.space.model import (
     CHOICES,
     SearchSpace,
     config_to_params,
@@ -27,9 +27,9 @@ from autotune.search.space import (
     sample_config,
     upgrade_params,
 )
-from autotune.search.study import Budget, open_study
-from autotune.search.tuner import Tuner
 from autotune.status import Attr, Status
+from autotune.study.outcome import Outcome, record_outcome
+from autotune.study.trials import Budget, open_study
 from autotune.units import GIB
 from tests.conftest import TINY_GRID
 from tests.test_study import FakeProbe

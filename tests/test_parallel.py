@@ -13,11 +13,11 @@ import pytest
 from autotune.errors import UserError
 from autotune.probe.contract import ProbeSettings
 from autotune.probe.launcher import _rank_env
-from autotune.search.coordination import recover_stale_trials, retry_stale_trial
-from autotune.search.slots import oversubscribed, plan_slots, visible_gpus
-from autotune.search.space import config_to_params
-from autotune.search.storage import check_parallel_safe, default_storage_url, journal_path, make_storage
-from autotune.search.study import finished_trials
+from autotune.run.slots import oversubscribed, plan_slots, visible_gpus
+from autotune.space.model import config_to_params
+from autotune.study.coordination import recover_stale_trials, retry_stale_trial
+from autotune.study.storage import check_parallel_safe, default_storage_url, journal_path, make_storage
+from autotune.study.trials import finished_trials
 from tests.conftest import QUICK_SPACE, run_cli
 from tests.test_study import FakeProbe, make_tuner
 

@@ -10,10 +10,10 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import MemoryModel
-from autotune.search.outcome import Outcome
 from autotune.search.policy import ProbeIt, decide, prediction_margin
-from autotune.search.study import Budget
 from autotune.status import Attr, Status
+from autotune.study.outcome import Outcome
+from autotune.study.trials import Budget
 from autotune.units import GIB
 from tests.test_memory_model import TINY
 

@@ -17,8 +17,8 @@ from autotune.errors import UserError
 from autotune.formats.verl import AR, parse_overrides, verl_rule_violations
 from autotune.report.selection import best_feasible, select
 from autotune.report.write import FILES, write_report
-from autotune.search.plan import StudyPlan
-from autotune.search.study import Budget
+from autotune.study.plan import StudyPlan
+from autotune.study.trials import Budget
 from autotune.units import GIB
 from tests.report_studies import (
     BUDGET,
@@ -317,9 +317,9 @@ def test_a_study_run_by_the_tuner_reports_its_winner(tmp_path):
     from autotune.memory.model import Architecture, MemoryModel
     from autotune.models.registry import resolve_model
     from autotune.probe.contract import ProbeSettings
-    from autotune.search.space import load_space
-    from autotune.search.study import enqueue_seed_configs
-    from autotune.search.tuner import Tuner
+    from autotune.run.tuner import Tuner
+    from autotune.space.model import load_space
+    from autotune.study.trials import enqueue_seed_configs
 
     space = load_space("cpu-tiny")
     budget = Budget(int(space.memory_budget_gib * GIB), space.headroom)
@@ -401,7 +401,7 @@ def test_a_study_from_before_the_recipe_was_recorded_still_reports(tmp_path):
 
 def test_the_plan_stores_the_spaces_recipe():
     from autotune.probe.contract import ProbeSettings
-    from autotune.search.space import load_space
+    from autotune.space.model import load_space
 
     space = load_space("cpu-tiny")
     plan = StudyPlan.of(space, ProbeSettings(), BUDGET, 6)

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from autotune.report.write import write_report
-from autotune.search.plan import StudyPlan
+from autotune.study.plan import StudyPlan
 from tests.report_studies import BUDGET, infeasible_study, standard_study
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)

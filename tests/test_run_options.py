@@ -6,7 +6,7 @@ from rich.console import Console
 
 from autotune.cli import build_parser, main
 from autotune.errors import UserError
-from autotune.search.prepare import (
+from autotune.run.prepare import (
     RunOptions,
     check_floor,
     check_offload,
@@ -15,8 +15,8 @@ from autotune.search.prepare import (
     parse_duration,
     resolve_space,
 )
-from autotune.search.space import load_space, shipped_dir, space_from_dict
-from autotune.search.study import Budget
+from autotune.space.model import load_space, shipped_dir, space_from_dict
+from autotune.study.trials import Budget
 from autotune.units import GIB
 
 
@@ -194,7 +194,7 @@ def test_the_floor_is_the_smallest_holding_the_space_allows():
 def test_data_fits_the_recipe_lengths_and_a_collapsed_tuned_length_is_no_longer_tuned(tmp_path):
     from types import SimpleNamespace
 
-    from autotune.search.prepare import fit_space_to_data
+    from autotune.run.prepare import fit_space_to_data
 
     lengths = SimpleNamespace(suggested_prompt_length=40, suggested_response_length=100)
     space, notes = fit_space_to_data(load_space("cpu-tiny"), lengths)
@@ -212,7 +212,7 @@ def test_data_fits_the_recipe_lengths_and_a_collapsed_tuned_length_is_no_longer_
 
 
 def test_run_says_why_a_hand_made_config_is_not_enqueued():
-    from autotune.search.run import unfit_seed_lines
+    from autotune.run.main import unfit_seed_lines
 
     space = load_space("seed-4xa100-40g-13b-fsdp", cores=2)
     assert unfit_seed_lines(space, []) == [

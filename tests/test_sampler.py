@@ -1,5 +1,5 @@
 """The study's sampler and speed model (autotune.search.sampler, .surrogate) and the noise-aware pick
-(autotune.search.pick), against synthetic probes: no process is started."""
+(autotune.report.pick), against synthetic probes: no process is started."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pytest
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import MemoryModel
 from autotune.probe.contract import ProbeResult, ProbeSettings
-from autotune.search import pick
+from autotune.report import pick
+from autotune.run.tuner import Tuner
 from autotune.search.sampler import SystemSampler, choose
-from autotune.search.space import at_least_as_large, load_space
-from autotune.search.study import Budget, config_key, enqueue_seed_configs
 from autotune.search.surrogate import Observation, SpeedModel
-from autotune.search.tuner import Tuner
+from autotune.space.model import at_least_as_large, load_space
 from autotune.status import Attr, Status, StudyAttr
+from autotune.study.trials import Budget, config_key, enqueue_seed_configs
 from autotune.units import GIB
 from tests.conftest import TINY_GRID
 from tests.test_memory_model import TINY
@@ -139,7 +139,7 @@ def test_choose_takes_the_smallest_predicted_peak_when_nothing_is_predicted_to_f
 
 
 def _params(config: ProbeConfig) -> dict:
-    from autotune.search.space import config_to_params
+    from autotune.space.model import config_to_params
 
     params = config_to_params(SPACE, config)
     assert params is not None

@@ -16,8 +16,8 @@ from autotune.config.knobs import ProbeConfig
 from autotune.config.rules import config_findings
 from autotune.errors import UserError
 from autotune.formats.verl_table import not_verl_knobs
-from autotune.search.prepare import hold_unexported
-from autotune.search.space import (
+from autotune.run.prepare import hold_unexported
+from autotune.space.model import (
     RECIPE_KNOBS,
     SpaceError,
     at_least_as_large,

@@ -12,11 +12,11 @@ from autotune.memory.model import Architecture, MemoryModel
 from autotune.models.registry import resolve_model
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report.selection import best_feasible
-from autotune.search.coordination import recover_stale_trials
-from autotune.search.space import load_space
-from autotune.search.storage import redact
-from autotune.search.study import Budget, enqueue_seed_configs, finished_trials, open_study, status_counts
-from autotune.search.tuner import Tuner
+from autotune.run.tuner import Tuner
+from autotune.space.model import load_space
+from autotune.study.coordination import recover_stale_trials
+from autotune.study.storage import redact
+from autotune.study.trials import Budget, enqueue_seed_configs, finished_trials, open_study, status_counts
 from autotune.units import GIB
 
 BUDGET = Budget(int(0.70 * GIB), 0.10)

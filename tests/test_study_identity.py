@@ -14,9 +14,9 @@ from rich.console import Console
 from autotune.cli import main
 from autotune.files import hold_lock
 from autotune.models.registry import CONFIG_DIR
-from autotune.search.plan import StudyPlan
-from autotune.search.prepare import RunOptions, default_study_name, prepare
-from autotune.search.study import open_study
+from autotune.run.prepare import RunOptions, default_study_name, prepare
+from autotune.study.plan import StudyPlan
+from autotune.study.trials import open_study
 
 
 def started_study(out: Path, name: str, **options) -> str:

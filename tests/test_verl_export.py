@@ -29,7 +29,7 @@ from autotune.formats.verl import (
     verl_overrides,
     verl_rule_violations,
 )
-from autotune.search.space import load_space
+from autotune.space.model import load_space
 from tests.conftest import REPO
 
 SEED_51 = ProbeConfig(

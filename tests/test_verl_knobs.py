@@ -18,9 +18,9 @@ from autotune.formats.rollout import rollout_engine
 from autotune.formats.seed_yaml import seed_document, seed_yaml
 from autotune.formats.verl import AR, format_overrides, verl_overrides, verl_rule_violations
 from autotune.memory.model import Architecture, MemoryModel
+from autotune.run.prepare import check_engine_knobs
 from autotune.search.policy import calibrated
-from autotune.search.prepare import check_engine_knobs
-from autotune.search.space import (
+from autotune.space.model import (
     SpaceError,
     at_least_as_large,
     config_to_params,
@@ -182,7 +182,7 @@ VERL_SPACE_KNOBS = {
 
 
 def space(**knobs):
-    from autotune.search.space import load_space
+    from autotune.space.model import load_space
 
     tiny = load_space(str(TINY_GRID), cores=4)
     data = copy.deepcopy(dict(tiny.raw))
@@ -303,7 +303,7 @@ def test_the_export_rule_picks_a_size_that_splits_the_heads():
 def test_a_space_searches_only_the_sizes_that_split_the_heads():
     from rich.console import Console
 
-    from autotune.search.prepare import tensor_parallel_for_heads
+    from autotune.run.prepare import tensor_parallel_for_heads
 
     def on_8(knob):
         data = copy.deepcopy(dict(space().raw))
@@ -336,7 +336,7 @@ def test_check_refuses_an_override_file_whose_rollout_cannot_split_the_heads(tmp
 def test_under_dynamic_batch_size_the_sampler_counts_one_job_per_token_budget_not_per_micro_batch():
     """verl never reads the micro batch sizes with dynamic batch size on: the sampler's key (config_key)
     makes the configurations that differ only in them one job, so it proposes that job once."""
-    from autotune.search.study import config_key
+    from autotune.study.trials import config_key
 
     grid = space(**VERL_SPACE_KNOBS).grid()
     dynamic = [c for c in grid if c.use_dynamic_bsz]
@@ -388,8 +388,8 @@ def test_the_tuner_infers_an_oom_from_a_training_oom_of_another_share():
     from optuna.trial import TrialState, create_trial
 
     from autotune.search.policy import ProbeIt, decide
-    from autotune.search.study import Budget
     from autotune.status import UPDATE_OOM, Attr, Status
+    from autotune.study.trials import Budget
 
     wall = dataclasses.replace(KNOBS, use_dynamic_bsz=False, ppo_max_token_len_per_gpu=None)
 

@@ -169,7 +169,7 @@ def test_the_reports_own_files_start_verl_and_say_the_same_job(tmp_path):
     """A real (tiny) study's verl_overrides.txt, with the launch line's paths, passes verl's validate_config;
     read back by `autotune check` it is best_config.yaml's configuration and recipe, key by key."""
     from autotune.report.write import write_report
-    from autotune.search.plan import StudyPlan
+    from autotune.study.plan import StudyPlan
     from tests.report_studies import standard_study
     from tests.test_report import BUDGET
 
@@ -234,7 +234,7 @@ def test_the_shipped_verl_space_probes_jobs_verl_accepts(tmp_path):
     import optuna
 
     from autotune.probe.verl.command import verl_run
-    from autotune.search.space import load_space, sample_config
+    from autotune.space.model import load_space, sample_config
 
     space = load_space("verl-qwen2.5-0.5b-1gpu", cores=4)
     sampler = optuna.samplers.RandomSampler(seed=3)

@@ -12,13 +12,13 @@ from rich.console import Console
 from autotune.errors import UserError
 from autotune.probe.contract import ProbeSettings
 from autotune.probe.launcher import run_probe
+from autotune.report import gain
 from autotune.report.selection import select
 from autotune.report.write import study_plan, write_report
-from autotune.search import gain
-from autotune.search.live import side_line
-from autotune.search.storage import default_storage_url
-from autotune.search.study import Budget, check_study_name, open_study
+from autotune.run.live import side_line
 from autotune.status import Attr, StudyAttr
+from autotune.study.storage import default_storage_url
+from autotune.study.trials import Budget, check_study_name, open_study
 from autotune.units import GIB
 
 __all__ = ["ReportOptions", "confirm_winner", "default_storage", "load_existing_study", "report_study"]

@@ -24,11 +24,11 @@ from autotune.formats.verl import VerlOverrides, verl_overrides
 from autotune.memory.advice import remedies
 from autotune.models.names import verl_model_path
 from autotune.probe.conditions import disturbance, worst_disturbance
+from autotune.report import gain, pick
 from autotune.report.selection import Selection, select
-from autotune.search import gain, pick
-from autotune.search.plan import StudyPlan
-from autotune.search.study import Budget, memory_model_error, trial_config, trial_environment, trial_status
 from autotune.status import LAUNCHED, Attr, Status, StudyAttr
+from autotune.study.plan import StudyPlan
+from autotune.study.trials import Budget, memory_model_error, trial_config, trial_environment, trial_status
 from autotune.units import GIB, gib
 
 __all__ = [
@@ -55,7 +55,7 @@ class Gain:
     name: str  # the hand-made config's name
     trial: FrozenTrial
     ratio: float | None  # chosen samples/sec over the seed's as probed (None when the seed did not run ok)
-    back_to_back: bool = False  # from the comparison probed in turn (search.gain), not first measurements
+    back_to_back: bool = False  # from the comparison probed in turn (report.gain), not first measurements
     seed_speed: float | None = None  # the hand-made config's samples/sec the ratio rests on
     conditions: list[str] = field(default_factory=list)  # what other work took during those probes
     # back to back only: what verl's knobs give (the headline), with the pairwise range of its measurements,

@@ -39,8 +39,8 @@ from autotune.report.tables import (
     verdict_line,
     verl_lines,
 )
-from autotune.search.study import trial_config, trial_status
 from autotune.status import Attr, Status
+from autotune.study.trials import trial_config, trial_status
 from autotune.units import GIB
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """Which trial the report recommends: the contender with the best mean when the leaders were re-measured
-(autotune.search.pick), else the Pareto-best, from Optuna's feasible Pareto front.
+(autotune.report.pick), else the Pareto-best, from Optuna's feasible Pareto front.
 
 `study.best_trials` keeps only feasible trials (every constraint <= 0). Among its ok trials within
 budget·(1 − headroom), the fastest wins; ties go to less memory, then to the original measurement over a
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.search import pick
-from autotune.search.study import Budget, trial_status
+from autotune.report import pick
 from autotune.status import Attr, Status
+from autotune.study.trials import Budget, trial_status
 
 __all__ = ["Selection", "best_feasible", "closest_trials", "ok_front", "pareto_best", "recommended", "select"]
 

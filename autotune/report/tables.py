@@ -14,15 +14,15 @@ from autotune.formats.rollout import RULES
 from autotune.formats.verl_table import not_verl_knobs
 from autotune.models.names import verl_model_path
 from autotune.probe.conditions import worst_disturbance
-from autotune.search import pick
-from autotune.search.live import SHORT_NAMES, VERL_WORDS, verl_short
-from autotune.search.study import describe_budget, trial_config, trial_environment, trial_status
+from autotune.report import pick
+from autotune.run.live import SHORT_NAMES, VERL_WORDS, verl_short
 from autotune.status import Attr, Status
+from autotune.study.trials import describe_budget, trial_config, trial_environment, trial_status
 from autotune.units import GIB
 
 if TYPE_CHECKING:
     from autotune.report.data import Gain, ReportData
-    from autotune.search.plan import StudyPlan
+    from autotune.study.plan import StudyPlan
 
 __all__ = [
     "Table",
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 Table = tuple[list[str], list[list[str]]]
-KNOB_COLUMNS = (  # short names as in the run's trial lines (search.live), explained by legend_line
+KNOB_COLUMNS = (  # short names as in the run's trial lines (run.live), explained by legend_line
     ("T", "train_batch_size"),
     ("R", "rollout_batch_size"),
     ("m", "micro_batch_size"),

@@ -43,9 +43,9 @@ from autotune.report.tables import (
     remeasured_line,
     verdict_line,
 )
-from autotune.search.plan import StudyPlan
-from autotune.search.study import Budget, trial_status
 from autotune.status import Attr
+from autotune.study.plan import StudyPlan
+from autotune.study.trials import Budget, trial_status
 from autotune.units import GIB, gib
 
 __all__ = ["FILES", "SUMMARY_FILE", "ReportResult", "study_plan", "summary", "write_report"]

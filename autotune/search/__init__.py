@@ -1,16 +1,4 @@
-"""The search: spaces, the Optuna study, the tuner loop, storages, probe slots, `run` and `worker`."""
+"""Propose and decide: the sampler that chooses the next configuration, its speed surrogate, and the policy
+that prunes a configuration before it is probed."""
 
-__all__ = [
-    "coordination",
-    "outage",
-    "outcome",
-    "plan",
-    "policy",
-    "run",
-    "slots",
-    "space",
-    "storage",
-    "study",
-    "tuner",
-    "worker",
-]
+__all__ = ["policy", "sampler", "surrogate"]

@@ -33,7 +33,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import MemoryModel
 from autotune.search.policy import calibrated
-from autotune.search.space import (
+from autotune.search.surrogate import Observation, SpeedModel
+from autotune.space.model import (
     LEGACY_PREFIX,
     MEMORY_EQUAL_FIELDS,
     SearchSpace,
@@ -42,9 +43,8 @@ from autotune.search.space import (
     sample_config,
     upgrade_params,
 )
-from autotune.search.study import Budget, config_key, measured_ok, oom_phase, trial_config
-from autotune.search.surrogate import Observation, SpeedModel
 from autotune.status import Attr, Status
+from autotune.study.trials import Budget, config_key, measured_ok, oom_phase, trial_config
 
 __all__ = ["BOLDNESS", "MAX_CANDIDATES", "SystemSampler", "choose"]
 

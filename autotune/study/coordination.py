@@ -26,8 +26,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.knobs import ProbeConfig, job_of, same_job
-from autotune.search.storage import GRACE_SECONDS
 from autotune.status import Attr, Status
+from autotune.study.storage import GRACE_SECONDS
 
 __all__ = [
     "SWEEP_SECONDS",

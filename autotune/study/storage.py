@@ -184,7 +184,7 @@ def make_storage(
     if path is not None:
         from optuna.storages.journal import JournalStorage
 
-        from autotune.search.journal import SafeJournalFileBackend, check_journal
+        from autotune.study.journal import SafeJournalFileBackend, check_journal
 
         if not path.parent.is_dir():
             raise UserError(f"--storage {url}: folder {path.parent} does not exist; create it first")

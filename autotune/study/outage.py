@@ -1,6 +1,6 @@
 """Riding out a storage outage without losing a measurement.
 
-Every storage call on the trial path retries with doubling waits for a while (`autotune.search.storage`).
+Every storage call on the trial path retries with doubling waits for a while (`autotune.study.storage`).
 When recording a measurement outlasts that patience, the measurement goes to `<out>/<study>/pending.jsonl`,
 one JSON line appended whole or not at all. If even that file cannot take it (a full disk), the line is
 printed to stderr after `PENDING_PREFIX` (append it to pending.jsonl to keep it) and kept in memory, and
@@ -25,8 +25,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import Unavailable
-from autotune.search.outcome import Outcome, outcome_from_dict, outcome_to_dict
 from autotune.status import Attr
+from autotune.study.outcome import Outcome, outcome_from_dict, outcome_to_dict
 
 __all__ = [
     "PENDING_FILE",

@@ -26,8 +26,8 @@ from optuna.trial import FrozenTrial
 
 from autotune.config.knobs import ProbeConfig
 from autotune.probe.contract import ProbeResult, ProbeSettings
-from autotune.search.study import Budget, finished_trials, measured_ok, trial_config
 from autotune.status import Attr, Status, StudyAttr
+from autotune.study.trials import Budget, finished_trials, measured_ok, trial_config
 
 __all__ = [
     "MAX_CONTENDERS",
@@ -108,7 +108,7 @@ def remeasure(
 
 
 def reprobe_record(result: ProbeResult) -> dict[str, Any]:
-    """What the study keeps of a re-probe (here and in the back-to-back gain, autotune.search.gain)."""
+    """What the study keeps of a re-probe (here and in the back-to-back gain, autotune.report.gain)."""
     return {
         "status": result.status,
         "samples_per_sec": result.samples_per_sec,

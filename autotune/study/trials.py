@@ -18,10 +18,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.knobs import ProbeConfig, job_of
 from autotune.errors import UserError
-from autotune.search.coordination import retry_stale_trial
-from autotune.search.space import SearchSpace, config_to_params
-from autotune.search.storage import make_storage, redact, scrub
+from autotune.space.model import SearchSpace, config_to_params
 from autotune.status import OOM_PHASES, Attr, Status, StudyAttr
+from autotune.study.coordination import retry_stale_trial
+from autotune.study.storage import make_storage, redact, scrub
 from autotune.units import GIB
 
 __all__ = [
@@ -46,7 +46,7 @@ __all__ = [
 
 DIRECTIONS = [optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE]
 METRIC_NAMES = ["samples_per_sec", "peak_memory_bytes"]
-# We record heartbeats ourselves around each probe (see autotune.search.coordination), with ask/tell.
+# We record heartbeats ourselves around each probe (see autotune.study.coordination), with ask/tell.
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
 

@@ -26,9 +26,9 @@ from autotune.config.knobs import ProbeConfig
 from autotune.formats.verl_table import not_verl_knobs
 from autotune.probe.conditions import worst_disturbance
 from autotune.probe.contract import ProbeResult, ProbeSettings
-from autotune.search import pick
-from autotune.search.study import config_key, measured_ok, trial_config
+from autotune.report import pick
 from autotune.status import Attr, StudyAttr
+from autotune.study.trials import config_key, measured_ok, trial_config
 
 __all__ = [
     "ROUNDS",

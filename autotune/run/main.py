@@ -10,8 +10,8 @@ from rich.console import Console
 
 from autotune.files import hold_lock, make_folder
 from autotune.report.tables import recipe_lines
-from autotune.search.live import LEGEND, RUN_LOG, VERL_LEGEND, Narrator
-from autotune.search.loop import (
+from autotune.run.live import LEGEND, RUN_LOG, VERL_LEGEND, Narrator
+from autotune.run.loop import (
     TIME_SPENT,
     TRIALS_DONE,
     LiveView,
@@ -21,20 +21,22 @@ from autotune.search.loop import (
     settle_gain,
     settle_pick,
 )
-from autotune.search.outage import PENDING_FILE
-from autotune.search.plan import StudyPlan, check_same_job
-from autotune.search.prepare import RunOptions, data_prompts_file, default_study_name, prepare
+from autotune.run.prepare import RunOptions, data_prompts_file, default_study_name, prepare
+from autotune.run.slots import plan_slots
+from autotune.run.tuner import Tuner
 from autotune.search.sampler import SystemSampler
-from autotune.search.slots import plan_slots
-from autotune.search.space import SearchSpace, misfits
-from autotune.search.storage import (
+from autotune.space.model import SearchSpace, misfits
+from autotune.status import StudyAttr
+from autotune.study.outage import PENDING_FILE
+from autotune.study.plan import StudyPlan, check_same_job
+from autotune.study.storage import (
     check_parallel_safe,
     default_storage_url,
     file_guard,
     redact,
     sqlite_path,
 )
-from autotune.search.study import (
+from autotune.study.trials import (
     Budget,
     check_study_name,
     enqueue_seed_configs,
@@ -42,8 +44,6 @@ from autotune.search.study import (
     memory_model_error,
     open_study,
 )
-from autotune.search.tuner import Tuner
-from autotune.status import StudyAttr
 from autotune.units import GIB
 
 __all__ = ["EXIT_INTERRUPTED", "finish", "run_study", "start_message", "unfit_seed_lines"]

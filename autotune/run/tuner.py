@@ -20,13 +20,14 @@ from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import MemoryModel
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.probe.launcher import run_probe
-from autotune.search import outage, policy
-from autotune.search.coordination import Claims, heartbeat, wait_for_twin
-from autotune.search.outcome import Outcome, outcome_from_dict, outcome_from_result, record_outcome
-from autotune.search.space import SearchSpace, sample_config
-from autotune.search.storage import PATIENCE_SECONDS, retrying
-from autotune.search.study import Budget, finished_trials
+from autotune.search import policy
+from autotune.space.model import SearchSpace, sample_config
 from autotune.status import Attr, Status
+from autotune.study import outage
+from autotune.study.coordination import Claims, heartbeat, wait_for_twin
+from autotune.study.outcome import Outcome, outcome_from_dict, outcome_from_result, record_outcome
+from autotune.study.storage import PATIENCE_SECONDS, retrying
+from autotune.study.trials import Budget, finished_trials
 
 __all__ = ["Tuner"]
 

@@ -21,8 +21,8 @@ import optuna
 
 from autotune.errors import UserError
 from autotune.probe.contract import ProbeSettings
-from autotune.search.study import Budget
 from autotune.status import StudyAttr
+from autotune.study.trials import Budget
 
 __all__ = ["LOCAL_SETTINGS", "StudyPlan", "check_same_job"]
 

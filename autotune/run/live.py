@@ -17,8 +17,8 @@ from rich.text import Text
 from autotune.config.knobs import ProbeConfig
 from autotune.probe.conditions import disturbance
 from autotune.probe.contract import ProbeResult
-from autotune.search.study import trial_config, trial_environment, trial_status
 from autotune.status import Attr, Status
+from autotune.study.trials import trial_config, trial_environment, trial_status
 from autotune.units import GIB
 
 __all__ = [
@@ -120,7 +120,7 @@ def trial_line(trial: FrozenTrial, searched_recipe: Sequence[str] = ()) -> str:
 
 def side_line(label: str, result: ProbeResult) -> str:
     """`  #5 (recommended): ok 8.430 samples/s, 0.592 GiB [other work ...]`: one probe of the back-to-back
-    gain or of a confirmation (autotune.search.gain.Side's label)."""
+    gain or of a confirmation (autotune.report.gain.Side's label)."""
     busy = disturbance(result.environment)
     return (
         f"  {label}: {result.status} {result.samples_per_sec:.3f} samples/s, "

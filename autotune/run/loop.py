@@ -17,10 +17,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autotune.probe.contract import ProbeResult, ProbeSettings
+from autotune.report import gain, pick
 from autotune.report.selection import best_feasible
-from autotune.search import gain, pick
-from autotune.search.coordination import SWEEP_SECONDS, recover_stale_trials
-from autotune.search.live import (
+from autotune.run.live import (
     Narrator,
     eta_text,
     probing_text,
@@ -28,10 +27,11 @@ from autotune.search.live import (
     side_line,
     trial_line,
 )
-from autotune.search.slots import Slot, oversubscribed
-from autotune.search.study import finished_trials, status_counts, trial_status
-from autotune.search.tuner import Tuner
+from autotune.run.slots import Slot, oversubscribed
+from autotune.run.tuner import Tuner
 from autotune.status import Attr, Status
+from autotune.study.coordination import SWEEP_SECONDS, recover_stale_trials
+from autotune.study.trials import finished_trials, status_counts, trial_status
 from autotune.units import GIB
 
 if TYPE_CHECKING:
@@ -319,7 +319,7 @@ def probe_study(
 
 def settle_pick(tuner: Tuner, settings: ProbeSettings, narrator: Narrator) -> int:
     """Re-measure the configurations within the probe noise of the fastest before the report, alternately,
-    within a share of the study's probing time (autotune.search.pick); returns the re-probes run. Ctrl-C
+    within a share of the study's probing time (autotune.report.pick); returns the re-probes run. Ctrl-C
     stops it (twice: kills the running re-probe); a storage error ends it with what was kept."""
     study = tuner.study
     rivals = pick.contenders(study, tuner.budget)

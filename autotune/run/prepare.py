@@ -27,7 +27,7 @@ from autotune.config.schema import show
 from autotune.errors import UserError
 from autotune.memory.model import MemoryModel
 from autotune.probe.contract import ProbeSettings
-from autotune.search.space import (
+from autotune.space.model import (
     MINI,
     OFFLOAD_KNOBS,
     TP,
@@ -36,7 +36,7 @@ from autotune.search.space import (
     batch_value_problem,
     space_from_dict,
 )
-from autotune.search.study import Budget
+from autotune.study.trials import Budget
 from autotune.units import GIB
 
 __all__ = [
@@ -226,7 +226,7 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
 
 def resolve_space(options: RunOptions, console: Console) -> tuple[SearchSpace, Any]:
     """The space with the command line's model, GPUs, reward model and recipe flags, fitted to `--data`."""
-    from autotune.search.space import read_space, space_from_dict
+    from autotune.space.model import read_space, space_from_dict
 
     data, source, name = read_space(options.space)
     space = space_from_dict(command_line_space(data, options, source), source=source, name=name)
@@ -511,7 +511,7 @@ def length_knob_at_least(space, name: str, minimum: int) -> Any:
 def fit_space_to_data(space, report) -> tuple[Any, list[str]]:
     """Bound the length knobs below by the data's suggestions (p95 prompts, p90 responses); a tuned length
     left with one value is no longer tuned."""
-    from autotune.search.space import space_from_dict
+    from autotune.space.model import space_from_dict
 
     limits = {
         "max_prompt_length": report.suggested_prompt_length,

@@ -14,8 +14,8 @@ from rich.console import Console
 
 from autotune.errors import UserError
 from autotune.probe.contract import ProbeSettings
-from autotune.search.plan import StudyPlan, check_same_job
-from autotune.search.storage import check_parallel_safe, is_sqlite, redact
+from autotune.study.plan import StudyPlan, check_same_job
+from autotune.study.storage import check_parallel_safe, is_sqlite, redact
 
 __all__ = ["WorkerOptions", "check_shared_storage", "run_worker", "stored_plan", "worker_settings"]
 
@@ -78,15 +78,15 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     from autotune.memory.model import Architecture, MemoryModel
     from autotune.models.registry import resolve_model, resolve_reward_model
     from autotune.probe.devices import device_label, resolve_device
-    from autotune.search.live import RUN_LOG, Narrator
-    from autotune.search.loop import LiveView, print_summary, probe_study
-    from autotune.search.outage import PENDING_FILE
-    from autotune.search.prepare import check_offload, machine_identity, rollout_card_bytes
+    from autotune.run.live import RUN_LOG, Narrator
+    from autotune.run.loop import LiveView, print_summary, probe_study
+    from autotune.run.prepare import check_offload, machine_identity, rollout_card_bytes
+    from autotune.run.slots import plan_slots
+    from autotune.run.tuner import Tuner
     from autotune.search.sampler import SystemSampler
-    from autotune.search.slots import plan_slots
-    from autotune.search.space import space_from_dict
-    from autotune.search.study import check_study_name, finished_trials, memory_model_error, open_study
-    from autotune.search.tuner import Tuner
+    from autotune.space.model import space_from_dict
+    from autotune.study.outage import PENDING_FILE
+    from autotune.study.trials import check_study_name, finished_trials, memory_model_error, open_study
 
     console = console or Console()
     check_study_name(options.study)
