@@ -62,7 +62,7 @@ from autotune.run.tuner import Tuner
 from autotune.search.sampler import SystemSampler
 from autotune.space.model import SearchSpace
 from autotune.status import Status
-from autotune.study.trials import Budget, config_key, enqueue_seed_configs, make_sampler
+from autotune.study.trials import Budget, config_key, enqueue_seed_configs, make_sampler, trial_config_of
 from bench import common
 from bench.search_tables import TABLES, Table, load_rows, table_by_name
 
@@ -183,7 +183,7 @@ def optuna_search(truth: Truth, seed: int, method: str, max_probes: int) -> Sear
     rivals = pick.contenders(study, budget)
     pick.remeasure(study, rivals, search.probe, None, seconds=probed * pick.TIME_SHARE)
     chosen = best_feasible(study, budget)  # what the report recommends
-    search.pick = config_key(pick.trial_config_of(chosen)) if chosen is not None else None
+    search.pick = config_key(trial_config_of(chosen)) if chosen is not None else None
     search.reprobes = len(search.probes) - max_probes  # type: ignore[attr-defined]
     return search
 

@@ -15,8 +15,9 @@ from rich.console import Console
 from autotune.probe.conditions import CpuWindow, disturbance, other_cores, worst_disturbance
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report import gain
+from autotune.report.lines import short_config, trial_line
 from autotune.report.write import write_report
-from autotune.run.live import Narrator, eta_text, short_config, trial_line
+from autotune.run.live import Narrator, eta_text
 from autotune.status import StudyAttr
 from autotune.study.plan import StudyPlan
 from autotune.study.trials import trial_config

@@ -17,7 +17,7 @@ from autotune.search.sampler import SystemSampler, choose
 from autotune.search.surrogate import Observation, SpeedModel
 from autotune.space.model import at_least_as_large, load_space
 from autotune.status import Attr, Status, StudyAttr
-from autotune.study.trials import Budget, config_key, enqueue_seed_configs
+from autotune.study.trials import Budget, config_key, enqueue_seed_configs, trial_config_of
 from autotune.units import GIB
 from tests.conftest import TINY_GRID
 from tests.test_memory_model import TINY
@@ -170,11 +170,11 @@ def test_contenders_within_the_noise_are_remeasured_and_the_pick_goes_by_the_mea
         tuner.step()
     tuner.study.set_user_attr("measured", dict.fromkeys(speeds, True))
     rivals = pick.contenders(tuner.study, budget)
-    assert [config_key(pick.trial_config_of(t)) for t in rivals] == [config_key(leader), config_key(rival)]
+    assert [config_key(trial_config_of(t)) for t in rivals] == [config_key(leader), config_key(rival)]
     count = pick.remeasure(tuner.study, rivals, probe, None, seconds=100.0)
     assert count == 2 * pick.ROUNDS
     chosen = pick.choose(tuner.study, budget)
-    assert config_key(pick.trial_config_of(chosen)) == config_key(rival)
+    assert config_key(trial_config_of(chosen)) == config_key(rival)
     found = pick.figures(tuner.study, chosen)
     assert found.count == 1 + pick.ROUNDS
     assert found.mean == pytest.approx((9.8 + 10.2 * pick.ROUNDS) / (1 + pick.ROUNDS))

@@ -13,9 +13,9 @@ from autotune.errors import UserError
 from autotune.probe.contract import ProbeSettings
 from autotune.probe.launcher import run_probe
 from autotune.report import gain
+from autotune.report.lines import side_line
 from autotune.report.selection import select
 from autotune.report.write import study_plan, write_report
-from autotune.run.live import side_line
 from autotune.status import Attr, StudyAttr
 from autotune.study.storage import default_storage_url
 from autotune.study.trials import Budget, check_study_name, open_study

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from autotune.config.knobs import ProbeConfig
 from autotune.probe.contract import ProbeResult, ProbeSettings
-from autotune.run.live import short_config
+from autotune.report.lines import short_config
 from autotune.units import GIB
 
 __all__ = ["print_probe_result", "probing"]

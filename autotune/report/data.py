@@ -28,7 +28,14 @@ from autotune.report import gain, pick
 from autotune.report.selection import Selection, select
 from autotune.status import LAUNCHED, Attr, Status, StudyAttr
 from autotune.study.plan import StudyPlan
-from autotune.study.trials import Budget, memory_model_error, trial_config, trial_environment, trial_status
+from autotune.study.trials import (
+    Budget,
+    memory_model_error,
+    trial_config,
+    trial_config_of,
+    trial_environment,
+    trial_status,
+)
 from autotune.units import GIB, gib
 
 __all__ = [
@@ -120,7 +127,7 @@ def build_report(
     plan = dataclasses.replace(plan, gpus=int(measured_gpus))  # the GPUs the winner was measured on
     document = verl = engine = figures = None
     if chosen is not None:
-        config = pick.trial_config_of(chosen)
+        config = trial_config_of(chosen)
         figures = gain.headline(study, chosen)
         engine = engine_for(chosen, config, plan, budget, figures.peak_bytes)
         measured = measured_block(chosen, study.study_name, plan.gpus, budget, created, figures)

@@ -28,7 +28,7 @@ from autotune.probe.conditions import worst_disturbance
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report import pick
 from autotune.status import Attr, StudyAttr
-from autotune.study.trials import config_key, measured_ok, trial_config
+from autotune.study.trials import config_key, measured_ok, trial_config, trial_config_of
 
 __all__ = [
     "ROUNDS",
@@ -89,11 +89,11 @@ def sides(winner: FrozenTrial, rivals: list[FrozenTrial]) -> list[Side]:
     verl does not read) the same with only verl's knobs set to the pick's, then the pick. The second makes
     the gain verl would see: hand-made -> second is what verl's knobs give, second -> pick what only the
     probe's own knobs give."""
-    pick_config = pick.trial_config_of(winner)
+    pick_config = trial_config_of(winner)
     order = []
     for trial in rivals:
         label = trial.user_attrs.get(Attr.SEED_CONFIG)
-        config = pick.trial_config_of(trial)
+        config = trial_config_of(trial)
         order.append(Side(str(trial.number), config, f"#{trial.number} (hand-made '{label}')"))
         mixed = with_verl_knobs(config, pick_config)
         if config_key(mixed) != config_key(pick_config):

@@ -24,7 +24,6 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.config.knobs import ProbeConfig
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.status import Attr, Status, StudyAttr
 from autotune.study.trials import Budget, finished_trials, measured_ok, trial_config
@@ -41,7 +40,6 @@ __all__ = [
     "remeasure",
     "reprobe_record",
     "reprobe_speed",
-    "trial_config_of",
 ]
 
 NOISE = 0.06  # samples/sec of two probes of one configuration differ by up to this (BENCHMARKS.md, "Search")
@@ -171,10 +169,3 @@ def choose(study: optuna.Study, budget: Budget) -> FrozenTrial | None:
         if best is None or found.mean > best[0]:
             best = (found.mean, trial)
     return best[1] if best else None
-
-
-def trial_config_of(trial: FrozenTrial) -> ProbeConfig:
-    config = trial_config(trial)
-    if config is None:
-        raise ValueError(f"trial #{trial.number} carries no configuration")
-    return config

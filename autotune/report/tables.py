@@ -15,7 +15,7 @@ from autotune.formats.verl_table import not_verl_knobs
 from autotune.models.names import verl_model_path
 from autotune.probe.conditions import worst_disturbance
 from autotune.report import pick
-from autotune.run.live import SHORT_NAMES, VERL_WORDS, verl_short
+from autotune.report.lines import SHORT_NAMES, VERL_WORDS, verl_short
 from autotune.status import Attr, Status
 from autotune.study.trials import describe_budget, trial_config, trial_environment, trial_status
 from autotune.units import GIB

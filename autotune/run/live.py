@@ -10,124 +10,18 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from optuna.trial import FrozenTrial
 from rich.console import Console
 from rich.text import Text
 
 from autotune.config.knobs import ProbeConfig
-from autotune.probe.conditions import disturbance
-from autotune.probe.contract import ProbeResult
-from autotune.status import Attr, Status
-from autotune.study.trials import trial_config, trial_environment, trial_status
-from autotune.units import GIB
+from autotune.report.lines import short_config
 
-__all__ = [
-    "LEGEND",
-    "RUN_LOG",
-    "VERL_LEGEND",
-    "VERL_WORDS",
-    "Narrator",
-    "eta_text",
-    "probing_text",
-    "short_config",
-    "side_line",
-    "trial_line",
-    "verl_short",
-]
+__all__ = ["RUN_LOG", "Narrator", "eta_text", "probing_text"]
 
 RUN_LOG = "run.log"
+
+
 # The short form of a configuration in trial lines and the report's tables; explained once per run.
-SHORT_NAMES = (
-    ("T", "train_batch_size", "train batch"),
-    ("M", "mini_batch_size", "mini batch"),
-    ("R", "rollout_batch_size", "rollout batch"),
-    ("m", "micro_batch_size", "micro batch per GPU"),
-    ("g", "gradient_accumulation_steps", "gradient accumulation"),
-    ("lm", "forward_micro_batch_size", "log-prob micro batch"),
-    ("w", "num_rollout_workers", "rollout workers"),
-    ("Lp", "max_prompt_length", "prompt length"),
-    ("Lr", "max_response_length", "response length"),
-)
-RECIPE_SHORT = ("T", "M", "Lp", "Lr")  # shown in a trial line only when the study searches them
-VERL_SHORT = (  # verl's own knobs (--engine verl), shown when a configuration sets them
-    ("gmu", "gpu_memory_utilization", "the rollout engine's share of each GPU"),
-    ("tp", "tensor_model_parallel_size", "the rollout's tensor parallel size"),
-    ("seqs", "max_num_seqs", "vLLM's max_num_seqs"),
-)
-LEGEND = (
-    "trial lines: "
-    + ", ".join(f"{short} {words}" for short, _, words in SHORT_NAMES)
-    + "; ckpt gradient checkpointing; shard: how the training states are split over the GPUs"
-)
-VERL_WORDS = (  # verl's short names explained: in the run's legend and under the report's tables
-    ", ".join(f"{short} {words}" for short, _, words in VERL_SHORT)
-    + ", dyn dynamic batch size with its tokens per GPU (m, g and lm then unread)"
-)
-VERL_LEGEND = f"; verl's own knobs, when set: {VERL_WORDS}"  # added to LEGEND for an --engine verl study
-
-
-def short_config(config: ProbeConfig, searched_recipe: Sequence[str] = ()) -> str:
-    """`R32 m4 g2 lm8 w2 ckpt full_shard`: the system knobs, and the recipe knobs only when searched."""
-    parts = []
-    for short, attr, _ in SHORT_NAMES:
-        if short in RECIPE_SHORT and attr not in searched_recipe:
-            continue
-        parts.append(f"{short}{getattr(config, attr)}")
-    if config.gradient_checkpointing:
-        parts.append("ckpt")
-    if config.sharding != "replicate":
-        parts.append(config.sharding)
-    parts += [
-        name for name in ("param_offload", "optimizer_offload", "offload_policy") if getattr(config, name)
-    ]
-    return " ".join(filter(None, [*parts, verl_short(config)]))
-
-
-def verl_short(config: ProbeConfig) -> str:
-    """`gmu0.4 seqs256 dyn4096`: verl's own knobs the configuration sets (empty when none)."""
-    parts = [f"{short}{value:g}" for short, attr, _ in VERL_SHORT if (value := getattr(config, attr))]
-    if config.use_dynamic_bsz:
-        parts.append(f"dyn{config.ppo_max_token_len_per_gpu or ''}")
-    return " ".join(parts)
-
-
-def trial_line(trial: FrozenTrial, searched_recipe: Sequence[str] = ()) -> str:
-    """`#7 ok  R32 m4 ...  4.52 samples/s  0.622 GiB (predicted 0.600)  41 s` and what else matters."""
-    status, attrs = trial_status(trial), trial.user_attrs
-    config = trial_config(trial)
-    result = attrs.get(Attr.RESULT) or {}
-    parts = [f"#{trial.number:<3} {status:<13}", short_config(config, searched_recipe) if config else "-"]
-    if trial.values is not None and status == Status.OK:
-        parts.append(f"{trial.values[0]:.3f} samples/s")
-    if trial.values is not None and trial.values[1]:
-        parts.append(f"{trial.values[1] / GIB:.3f} GiB")
-    predicted = attrs.get(Attr.PREDICTED_PEAK_BYTES)
-    if predicted:
-        parts.append(f"(predicted {predicted / GIB:.3f})")
-    if result.get("wall_seconds"):
-        parts.append(f"{result['wall_seconds']:.0f} s")
-    if attrs.get(Attr.DUPLICATE_OF) is not None:
-        parts.append(f"= #{attrs[Attr.DUPLICATE_OF]}")
-    if attrs.get(Attr.SEED_CONFIG):
-        parts.append(f"hand-made '{attrs[Attr.SEED_CONFIG]}'")
-    busy = disturbance(trial_environment(trial))
-    if busy:
-        parts.append(f"[{busy}]")
-    if status not in (Status.OK,) and result.get("message"):
-        parts.append(f"- {str(result['message']).splitlines()[0][:120]}")
-    return "  ".join(parts)
-
-
-def side_line(label: str, result: ProbeResult) -> str:
-    """`  #5 (recommended): ok 8.430 samples/s, 0.592 GiB [other work ...]`: one probe of the back-to-back
-    gain or of a confirmation (autotune.report.gain.Side's label)."""
-    busy = disturbance(result.environment)
-    return (
-        f"  {label}: {result.status} {result.samples_per_sec:.3f} samples/s, "
-        f"{result.peak_memory_bytes / GIB:.3f} GiB" + (f" [{busy}]" if busy else "")
-    )
-
-
 def probing_text(running: dict[int, tuple[ProbeConfig, float]], searched_recipe: Sequence[str] = ()) -> str:
     """`probing #8 R64 m4 ... for 35 s`, one per running probe."""
     now = time.monotonic()

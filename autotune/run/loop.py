@@ -18,15 +18,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report import gain, pick
+from autotune.report.lines import short_config, side_line, trial_line
 from autotune.report.selection import best_feasible
-from autotune.run.live import (
-    Narrator,
-    eta_text,
-    probing_text,
-    short_config,
-    side_line,
-    trial_line,
-)
+from autotune.run.live import Narrator, eta_text, probing_text
 from autotune.run.slots import Slot, oversubscribed
 from autotune.run.tuner import Tuner
 from autotune.status import Attr, Status

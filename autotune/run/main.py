@@ -9,8 +9,9 @@ from pathlib import Path
 from rich.console import Console
 
 from autotune.files import hold_lock, make_folder
+from autotune.report.lines import LEGEND, VERL_LEGEND
 from autotune.report.tables import recipe_lines
-from autotune.run.live import LEGEND, RUN_LOG, VERL_LEGEND, Narrator
+from autotune.run.live import RUN_LOG, Narrator
 from autotune.run.loop import (
     TIME_SPENT,
     TRIALS_DONE,

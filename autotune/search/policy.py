@@ -20,11 +20,10 @@ from optuna.trial import FrozenTrial
 
 from autotune.config.knobs import ProbeConfig, job_of, same_job
 from autotune.memory.model import MemoryModel
-from autotune.report.pick import trial_config_of
 from autotune.space.model import at_least_as_large
 from autotune.status import MEASURED, Attr, Status
 from autotune.study.outcome import Outcome
-from autotune.study.trials import Budget, measured_ok, oom_phase
+from autotune.study.trials import Budget, measured_ok, oom_phase, trial_config_of
 
 __all__ = [
     "PREDICTION_MARGINS",

@@ -40,6 +40,7 @@ __all__ = [
     "open_study",
     "status_counts",
     "trial_config",
+    "trial_config_of",
     "trial_environment",
     "trial_status",
 ]
@@ -138,6 +139,14 @@ def finished_trials(study: optuna.Study) -> list[FrozenTrial]:
 def trial_config(trial: FrozenTrial) -> ProbeConfig | None:
     raw = trial.user_attrs.get(Attr.CONFIG)
     return ProbeConfig(**raw) if raw else None
+
+
+def trial_config_of(trial: FrozenTrial) -> ProbeConfig:
+    """The configuration a trial ran; ValueError for one that carries none (every probed trial does)."""
+    config = trial_config(trial)
+    if config is None:
+        raise ValueError(f"trial #{trial.number} carries no configuration")
+    return config
 
 
 def trial_environment(trial: FrozenTrial) -> dict[str, Any]:
