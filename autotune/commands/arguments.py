@@ -1,0 +1,154 @@
+"""What several commands share: argument types with their limits, the model, device, engine and parallel
+arguments, a command's parser (one-line summary, details, examples) and its options dataclass."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import textwrap
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from autotune.config.numbers import MAX_GIB, MAX_RANKS, MAX_SECONDS, argument, parse_float, parse_int
+from autotune.probe.contract import ENGINES
+from autotune.probe.verl.install import VERL_VERSION
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+__all__ = [
+    "COUNT",
+    "EXIT_OK",
+    "EXIT_PROBLEM",
+    "GIB",
+    "RANKS",
+    "ROUNDS",
+    "SECONDS",
+    "SEED",
+    "WARMUP",
+    "add_command",
+    "add_device_arguments",
+    "add_engine_arguments",
+    "add_model_arguments",
+    "add_parallel_argument",
+    "examples_text",
+    "options_from",
+]
+
+EXIT_OK, EXIT_PROBLEM = 0, 1
+T = TypeVar("T", bound="DataclassInstance")
+
+RANKS = argument(parse_int, maximum=MAX_RANKS)  # --gpus, --parallel: each rank or slot is a process
+COUNT = argument(parse_int)  # trials, iterations, cores
+GIB = argument(parse_float, maximum=MAX_GIB)  # memory budgets per rank
+SECONDS = argument(parse_float, maximum=MAX_SECONDS)  # timeouts
+SEED = argument(parse_int, minimum=0, maximum=2**32 - 1)  # numpy and torch take 32-bit seeds
+WARMUP = argument(parse_int, minimum=0, maximum=1000)
+ROUNDS = argument(parse_int, minimum=0, maximum=20)  # back-to-back rounds: each costs a probe per config
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, override: bool = False) -> None:
+    """--model, --reward-model, --weights, --trust-remote-code (override=True: default to the space's)."""
+    space = "override the space's: " if override else ""
+    parser.add_argument(
+        "--model",
+        default=None if override else "tiny-llama",
+        help=f"{space}registry name (see `autotune models`) or a local Hugging Face model directory",
+    )
+    parser.add_argument(
+        "--reward-model",
+        default=None if override else "function",
+        help=f"{space}registry name, local directory, or 'function' for a rule-based reward",
+    )
+    parser.add_argument(
+        "--weights",
+        choices=("random", "pretrained"),
+        default="random",
+        help="random weights of the real architecture (default; nothing is downloaded), or a "
+        "local directory's own weights",
+    )
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow a local model directory's own Python code to run",
+    )
+
+
+def add_device_arguments(parser: argparse.ArgumentParser, override: bool = False) -> None:
+    """--gpus, --device, --memory-budget; with override=True --gpus and the budget default to the space's."""
+    parser.add_argument(
+        "--gpus",
+        type=RANKS,
+        default=None if override else 1,
+        help="ranks per probe: GPUs on CUDA, gloo processes on CPU "
+        + ("(default: the space's)" if override else "(default 1)"),
+    )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto: cuda when a GPU is visible, else cpu",
+    )
+    parser.add_argument(
+        "--memory-budget",
+        type=GIB,
+        metavar="GIB",
+        help="per-rank memory budget in GiB: on CUDA a per-process memory fraction emulates a "
+        "smaller card (a real OOM); on CPU the peak RSS is compared (an emulated OOM)"
+        + ("; default: the space's, else the device's memory" if override else ""),
+    )
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, engine: bool = True) -> None:
+    """--engine (what runs a probe) and --verl-python (the verl environment it uses)."""
+    if engine:
+        parser.add_argument(
+            "--engine",
+            choices=ENGINES,
+            default="builtin",
+            help="what runs a probe: builtin (autotune's own PPO/GRPO iteration; CPU or GPU) or verl "
+            "(python -m verl.trainer.main_ppo itself for the warm-up and measured steps, with vLLM's pool; "
+            "GPU machines, --verl-python)",
+        )
+    parser.add_argument(
+        "--verl-python",
+        metavar="PATH",
+        help=f"the python of an environment with verl {VERL_VERSION} (e.g. /opt/verl/bin/python), for "
+        f"--engine verl" + ("" if engine else " studies"),
+    )
+
+
+def add_parallel_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--parallel",
+        type=RANKS,
+        default=1,
+        metavar="P",
+        help="probes at a time, each on its own GPUs (P x --gpus must be visible); on CPU, P concurrent "
+        "probes sharing the cores (default 1)",
+    )
+
+
+def add_command(
+    sub: argparse._SubParsersAction, name: str, summary: str, details: str, examples: Sequence[str]
+) -> argparse.ArgumentParser:
+    """A command's parser. `summary` is its line in `autotune --help` and the first line of its own help;
+    `details` follow it; `examples` (whole command lines) close it."""
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=f"{summary[0].upper()}{summary[1:]}.\n\n{textwrap.fill(details, 100)}",
+        epilog=examples_text(examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def examples_text(examples: Sequence[str]) -> str:
+    return "examples:\n" + "\n".join(f"  {example}" for example in examples)
+
+
+def options_from(args: argparse.Namespace, cls: type[T], **renamed: Any) -> T:
+    """A command's options dataclass from the parsed arguments: each field from the argument of the same name,
+    `renamed` for those whose flag has another name or needs converting."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    return cls(**{**given, **renamed})

@@ -1,0 +1,44 @@
+"""`autotune check`: every problem of a config file, with its fix."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from autotune.commands.arguments import COUNT, GIB, RANKS, add_command, options_from
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = add_command(
+        sub,
+        "check",
+        "report every problem of a config (best_config.yaml or verl overrides) with its fix",
+        "Reads best_config.yaml's schema (the seed article's, with mini_batch_size or "
+        "gradient_accumulation_steps) or a verl override file: divisibility, rollout workers vs cores, "
+        "lengths vs data, predicted memory vs the card, reward model frozen, rollout batch size. Exit 0 "
+        "clean, 1 problems found, 2 unreadable input.",
+        [
+            "autotune check reports/my-study/best_config.yaml",
+            "autotune check verl_overrides.txt --gpus 8 --gpu h100-80g --data data/train.jsonl",
+        ],
+    )
+    parser.add_argument("config", type=Path, help="a YAML config or a verl override file (key=value lines)")
+    parser.add_argument("--gpus", type=RANKS, help="GPUs of the job (default: the config's, else 1)")
+    card = parser.add_mutually_exclusive_group()
+    card.add_argument("--gpu", help="the card: a100-40g, a100-80g, h100-80g, h200, rtx3090, l40s, ...")
+    card.add_argument("--memory", type=GIB, metavar="GIB", help="memory per GPU in GiB")
+    parser.add_argument("--data", type=Path, help="a dataset to check the lengths against (as `lengths`)")
+    parser.add_argument("--model", help="registry name or local directory (default: from the config)")
+    parser.add_argument("--cores", type=COUNT, help="physical cores of the training machine")
+    parser.add_argument("--prompt-key", help="prompt column of --data")
+    parser.add_argument("--response-key", help="response column of --data")
+    parser.add_argument("--json", action="store_true", help="print a JSON object")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from autotune.check import CheckOptions, run
+
+    return run(options_from(args, CheckOptions, path=args.config, memory_gib=args.memory), as_json=args.json)
