@@ -47,7 +47,8 @@ from autotune.config.knobs import ProbeConfig
 from autotune.probe import forkserver, launcher
 from autotune.probe.contract import ProbeSettings
 from autotune.probe.launcher import run_probe
-from autotune.space.model import KNOBS, SearchSpace, knob_value, load_space
+from autotune.space.model import SearchSpace, knob_value, load_space
+from autotune.space.specs import KNOBS
 from autotune.units import GIB
 from bench import common
 

@@ -18,7 +18,7 @@ from autotune.errors import UserError
 from autotune.models.listing import model_rows, plain_table, print_model_table
 from autotune.models.names import MODELS
 from autotune.run.worker import check_shared_storage
-from autotune.space.model import read_space, shipped_spaces
+from autotune.space.schema import read_space, shipped_spaces
 
 
 def _parsers(parser: argparse.ArgumentParser, path: str = "autotune"):

@@ -19,14 +19,8 @@ from autotune.models.registry import resolve_model
 from autotune.probe.contract import ProbeSettings
 from autotune.run.tuner import Tuner
 from autotune.search.sampler import SystemSampler
-from autotune.space.model import (
-    CHOICES,
-    SearchSpace,
-    config_to_params,
-    load_space,
-    sample_config,
-    upgrade_params,
-)
+from autotune.space.model import SearchSpace, config_to_params, load_space, sample_config, upgrade_params
+from autotune.space.specs import CHOICES
 from autotune.status import Attr, Status
 from autotune.study.outcome import Outcome, record_outcome
 from autotune.study.trials import Budget, open_study

@@ -16,7 +16,8 @@ import yaml
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import Architecture, MemoryModel
 from autotune.models.registry import resolve_model, resolve_reward_model
-from autotune.space.model import load_space, shipped_dir
+from autotune.space.model import load_space
+from autotune.space.schema import shipped_dir
 from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,8 @@ from autotune.run.prepare import (
     parse_duration,
     resolve_space,
 )
-from autotune.space.model import load_space, shipped_dir, space_from_dict
+from autotune.space.model import load_space, space_from_dict
+from autotune.space.schema import shipped_dir
 from autotune.study.trials import Budget
 from autotune.units import GIB
 

@@ -18,17 +18,16 @@ from autotune.errors import UserError
 from autotune.formats.verl_table import not_verl_knobs
 from autotune.run.prepare import hold_unexported
 from autotune.space.model import (
-    RECIPE_KNOBS,
-    SpaceError,
     at_least_as_large,
     config_to_params,
     knob_value,
     load_space,
     misfits,
     sample_config,
-    shipped_spaces,
     space_from_dict,
 )
+from autotune.space.schema import shipped_spaces
+from autotune.space.specs import RECIPE_KNOBS, SpaceError
 
 DATA = Path(__file__).resolve().parent / "data"
 MANY_CORES = 64  # the seed's scenarios run on servers with many cores; this machine may have two

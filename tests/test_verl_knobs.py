@@ -20,13 +20,8 @@ from autotune.formats.verl import AR, format_overrides, verl_overrides, verl_rul
 from autotune.memory.model import Architecture, MemoryModel
 from autotune.run.prepare import check_engine_knobs
 from autotune.search.policy import calibrated
-from autotune.space.model import (
-    SpaceError,
-    at_least_as_large,
-    config_to_params,
-    sample_config,
-    space_from_dict,
-)
+from autotune.space.model import at_least_as_large, config_to_params, sample_config, space_from_dict
+from autotune.space.specs import SpaceError
 from autotune.units import GIB
 from tests.conftest import TINY_GRID
 

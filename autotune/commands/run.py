@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
 def recipe_knobs(text: str) -> list[str]:
     """--tune's value: recipe knobs, comma-separated (argparse reports a wrong one in one line)."""
-    from autotune.space.model import RECIPE_KNOBS, SYSTEM_KNOBS
+    from autotune.space.specs import RECIPE_KNOBS, SYSTEM_KNOBS
 
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:

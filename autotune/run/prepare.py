@@ -27,15 +27,8 @@ from autotune.config.schema import show
 from autotune.errors import UserError
 from autotune.memory.model import MemoryModel
 from autotune.probe.contract import ProbeSettings
-from autotune.space.model import (
-    MINI,
-    OFFLOAD_KNOBS,
-    TP,
-    TRAIN,
-    SearchSpace,
-    batch_value_problem,
-    space_from_dict,
-)
+from autotune.space.model import SearchSpace, batch_value_problem, space_from_dict
+from autotune.space.specs import MINI, OFFLOAD_KNOBS, TP, TRAIN
 from autotune.study.trials import Budget
 from autotune.units import GIB
 
@@ -226,7 +219,8 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
 
 def resolve_space(options: RunOptions, console: Console) -> tuple[SearchSpace, Any]:
     """The space with the command line's model, GPUs, reward model and recipe flags, fitted to `--data`."""
-    from autotune.space.model import read_space, space_from_dict
+    from autotune.space.model import space_from_dict
+    from autotune.space.schema import read_space
 
     data, source, name = read_space(options.space)
     space = space_from_dict(command_line_space(data, options, source), source=source, name=name)

@@ -35,14 +35,13 @@ from autotune.memory.model import MemoryModel
 from autotune.search.policy import calibrated
 from autotune.search.surrogate import Observation, SpeedModel
 from autotune.space.model import (
-    LEGACY_PREFIX,
-    MEMORY_EQUAL_FIELDS,
     SearchSpace,
     at_least_as_large,
     config_to_params,
     sample_config,
     upgrade_params,
 )
+from autotune.space.specs import LEGACY_PREFIX, MEMORY_EQUAL_FIELDS
 from autotune.status import Attr, Status
 from autotune.study.trials import Budget, config_key, measured_ok, oom_phase, trial_config
 

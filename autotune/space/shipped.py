@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autotune.space.model import read_space, shipped_spaces
+from autotune.space.schema import read_space, shipped_spaces
 
 __all__ = ["space_lines", "space_rows"]
 
