@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from autotune import __version__
 from autotune.commands import COMMANDS
 from autotune.commands.arguments import examples_text
-from autotune.errors import UserError
+from autotune.errors import AutotuneError, UserError
 
 __all__ = ["build_parser", "main"]
 
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         handler: Callable[[argparse.Namespace], int] = args.handler
         return handler(args)
-    except UserError as exc:
+    except AutotuneError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:

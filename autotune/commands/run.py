@@ -54,6 +54,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=20,
         help="complete trials to reach, probed or pruned (default 20)",
     )
+    _add_recipe_arguments(parser)
+    add_parallel_argument(parser)
+    _add_output_arguments(parser)
+    add_engine_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
+def _add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the run may change of the space: the trials, the recipe, probe time, the data."""
     parser.add_argument(
         "--train-batch-size",
         type=COUNT,
@@ -97,7 +106,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="DURATION",
         help="launch no new probe after this long, e.g. 8h or 90m (overnight sweeps)",
     )
-    add_parallel_argument(parser)
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the study and its report go, and what the end of the run does."""
     parser.add_argument(
         "--storage",
         help="Optuna storage: sqlite:///PATH, journal:PATH (several processes on one node) or a "
@@ -137,8 +149,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="print the run's summary (the pick, its figures, the gain, the files, the verl launch line; as "
         "<out>/<study>/summary.json) as JSON on stdout; progress goes to stderr",
     )
-    add_engine_arguments(parser)
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

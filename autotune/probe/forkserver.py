@@ -51,6 +51,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
 
+from autotune.errors import AutotuneError
+
 __all__ = [
     "ForkServer",
     "ForkServerError",
@@ -91,8 +93,9 @@ _PR_SET_PDEATHSIG = 1
 _MADV_POPULATE_READ = 22  # Linux 5.14+
 
 
-class ForkServerError(RuntimeError):
-    """The server could not start or answer; the caller spawns fresh processes instead."""
+class ForkServerError(AutotuneError):
+    """The server could not start or answer; the caller spawns fresh processes instead (never reaches the
+    user: exit code 1 if it did)."""
 
 
 # --------------------------------------------------------------------------------------------- tuner side

@@ -17,7 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.knobs import ProbeConfig, job_of
-from autotune.errors import UserError
+from autotune.errors import AutotuneError, UserError
 from autotune.space.model import SearchSpace, config_to_params
 from autotune.status import OOM_PHASES, Attr, Status, StudyAttr
 from autotune.study.coordination import retry_stale_trial
@@ -100,7 +100,7 @@ def open_study(storage: str, name: str, seed: int | None, create: bool = True) -
         raise UserError(
             f"--study {name}: no such study in {redact(storage)}; check the name or --storage"
         ) from None
-    except UserError:
+    except AutotuneError:
         raise
     except Exception as exc:  # sqlalchemy/driver errors vary by backend: all mean "cannot open it"
         raise UserError(
