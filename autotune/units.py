@@ -27,8 +27,13 @@ def divisors(number: int) -> list[int]:
     return small + large[::-1]
 
 
-def gib(value: float | None, digits: int = 3) -> str:
-    """Bytes as GiB with `digits` decimals: '-' for None, 'inf' for an infinite value."""
+def gib(value: float | None, digits: int | None = 3) -> str:
+    """Bytes as GiB with `digits` decimals ('-' for None, 'inf' for an infinite value); `digits=None` is
+    short: two decimals below 10 GiB (a CPU study's peaks are fractions of a GiB), one above."""
     if value is None:
         return "-"
-    return f"{value / GIB:.{digits}f}" if math.isfinite(value) else "inf"
+    if not math.isfinite(value):
+        return "inf"
+    if digits is None:
+        digits = 2 if abs(value) < 10 * GIB else 1
+    return f"{value / GIB:.{digits}f}"

@@ -23,7 +23,7 @@ from autotune.space.model import SearchSpace
 from autotune.units import GIB
 
 if TYPE_CHECKING:
-    from autotune.study.trials import Budget
+    from autotune.memory.budget import Budget
 
 __all__ = [
     "RESULTS",
@@ -70,7 +70,7 @@ def probe_settings(
 
 def space_budget(space: SearchSpace) -> Budget:
     """The study's budget for `space`: its memory_budget_gib and headroom (feasible: peak <= .limit)."""
-    from autotune.study.trials import Budget
+    from autotune.memory.budget import Budget
 
     if space.memory_budget_gib is None:
         raise ValueError(f"space {space.name!r} sets no memory_budget_gib: a benchmark needs one")

@@ -54,6 +54,7 @@ import optuna
 from rich.console import Console
 
 from autotune.config.knobs import ProbeConfig
+from autotune.memory.budget import Budget
 from autotune.probe.contract import ProbeResult
 from autotune.report import pick
 from autotune.report.selection import best_feasible
@@ -62,7 +63,7 @@ from autotune.run.tuner import Tuner
 from autotune.search.sampler import SystemSampler
 from autotune.space.model import SearchSpace
 from autotune.status import Status
-from autotune.study.trials import Budget, config_key, enqueue_seed_configs, make_sampler, trial_config_of
+from autotune.study.trials import config_key, enqueue_seed_configs, make_sampler, trial_config_of
 from bench import common
 from bench.search_tables import TABLES, Table, load_rows, table_by_name
 

@@ -8,9 +8,9 @@ from typing import Any
 import optuna
 
 from autotune.config.knobs import ProbeConfig
+from autotune.memory.budget import Budget
 from autotune.probe.contract import ProbeResult
 from autotune.study.outcome import Outcome, record_outcome
-from autotune.study.trials import Budget
 from autotune.units import GIB
 
 BUDGET = Budget(int(1.0 * GIB), 0.10)  # feasible: peak <= 0.9 GiB

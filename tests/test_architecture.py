@@ -1,5 +1,6 @@
-"""The package's import graph, read from the source (ast): no cycles, nothing imports the command line, and
-the tuner side never imports what runs inside a probe rank (docs/design.md, "The process boundary")."""
+"""The package's import graph, read from the source (ast): no cycles, each stage imports only the stages below
+it (docs/design.md, "Layout"), nothing imports the command line, and the tuner side never imports what runs
+inside a probe rank (docs/design.md, "The process boundary")."""
 
 from __future__ import annotations
 
@@ -58,6 +59,44 @@ def test_the_graph_sees_the_package():
 def test_no_import_cycles():
     cycles = list(nx.simple_cycles(GRAPH))
     assert cycles == [], "import cycles: " + "; ".join(" -> ".join([*c, c[0]]) for c in cycles)
+
+
+# The stages, lowest first: a package or top-level module imports its own modules and the layers below it,
+# never a sibling in its own layer nor a layer above.
+LAYERS = (
+    ("errors",),  # one error base, with the exit codes
+    ("units", "status", "files"),  # the vocabulary every stage shares
+    ("config",),  # knobs and their rules
+    ("models",),  # the registry of architectures
+    ("data", "formats"),  # datasets' lengths; the file formats a config is read from and written to
+    ("memory",),  # the memory model, budgets and the verdict on a config
+    ("space", "probe"),  # propose: the space every sample is valid in; measure: the probe
+    ("study",),  # record: the Optuna study, trials, outcomes, outages
+    ("search", "report"),  # propose and decide (sampler, surrogate, policy); report (pick, gain, files)
+    ("run",),  # the loop that drives them: `autotune run` and `autotune worker`
+    ("check",),  # `autotune check`: a config file against the rules and the memory verdict
+    ("commands",),  # each command's parser and entry point
+    ("cli",),  # the entry point, the one-line error path and the registry walk
+    ("__main__",),
+)
+LAYER = {stage: index for index, stages in enumerate(LAYERS) for stage in stages}
+
+
+def stage(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def test_every_stage_is_in_the_layer_order():
+    assert {stage(name) for name in GRAPH if name != "autotune"} <= set(LAYER)
+
+
+def test_each_stage_imports_only_the_stages_below_it():
+    upward = sorted(
+        f"{source} -> {target}"
+        for source, target in GRAPH.edges
+        if stage(source) != stage(target) and LAYER[stage(target)] >= LAYER[stage(source)]
+    )
+    assert upward == [], "imports against the stage order (docs/design.md, Layout): " + "; ".join(upward)
 
 
 def test_nothing_imports_the_command_line():

@@ -14,6 +14,7 @@ from autotune.cli import main
 from autotune.formats.read import read_target
 from autotune.formats.verl import format_overrides, verl_overrides
 from autotune.memory.advice import first_aid
+from autotune.memory.budget import Budget
 from autotune.memory.gpus import gpu_memory_gib
 from autotune.memory.model import Architecture, MemoryModel
 from autotune.models.names import model_name_or_path, registry_name
@@ -21,7 +22,6 @@ from autotune.models.registry import resolve_model, resolve_reward_model
 from autotune.report.write import write_report
 from autotune.search.sampler import predicted_peaks
 from autotune.study.plan import StudyPlan
-from autotune.study.trials import Budget
 from autotune.units import GIB
 from tests.report_studies import BUDGET, knobs, new_study, record, standard_study
 

@@ -14,6 +14,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from autotune.config.knobs import ProbeConfig
+from autotune.memory.budget import Budget
 from autotune.memory.model import Architecture, MemoryModel
 from autotune.models.registry import resolve_model
 from autotune.probe.contract import ProbeSettings
@@ -23,7 +24,7 @@ from autotune.space.model import SearchSpace, config_to_params, load_space, samp
 from autotune.space.specs import CHOICES
 from autotune.status import Attr, Status
 from autotune.study.outcome import Outcome, record_outcome
-from autotune.study.trials import Budget, open_study
+from autotune.study.trials import open_study
 from autotune.units import GIB
 from tests.conftest import TINY_GRID
 from tests.test_study import FakeProbe

@@ -9,11 +9,11 @@ from optuna.distributions import IntDistribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autotune.config.knobs import ProbeConfig
+from autotune.memory.budget import Budget
 from autotune.memory.model import MemoryModel
 from autotune.search.policy import ProbeIt, decide, prediction_margin
 from autotune.status import Attr, Status
 from autotune.study.outcome import Outcome
-from autotune.study.trials import Budget
 from autotune.units import GIB
 from tests.test_memory_model import TINY
 

@@ -15,10 +15,10 @@ from autotune.config.knobs import ProbeConfig
 from autotune.config.rules import config_findings
 from autotune.errors import UserError
 from autotune.formats.verl import AR, parse_overrides, verl_rule_violations
+from autotune.memory.budget import Budget
 from autotune.report.selection import best_feasible, select
 from autotune.report.write import FILES, write_report
 from autotune.study.plan import StudyPlan
-from autotune.study.trials import Budget
 from autotune.units import GIB
 from tests.report_studies import (
     BUDGET,

@@ -6,6 +6,7 @@ from rich.console import Console
 
 from autotune.cli import build_parser, main
 from autotune.errors import UserError
+from autotune.memory.budget import Budget
 from autotune.run.prepare import (
     RunOptions,
     check_floor,
@@ -17,7 +18,6 @@ from autotune.run.prepare import (
 )
 from autotune.space.model import load_space, space_from_dict
 from autotune.space.schema import shipped_dir
-from autotune.study.trials import Budget
 from autotune.units import GIB
 
 

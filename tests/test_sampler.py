@@ -9,6 +9,7 @@ import optuna
 import pytest
 
 from autotune.config.knobs import ProbeConfig
+from autotune.memory.budget import Budget
 from autotune.memory.model import MemoryModel
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report import pick
@@ -17,7 +18,7 @@ from autotune.search.sampler import SystemSampler, choose
 from autotune.search.surrogate import Observation, SpeedModel
 from autotune.space.model import at_least_as_large, load_space
 from autotune.status import Attr, Status, StudyAttr
-from autotune.study.trials import Budget, config_key, enqueue_seed_configs, trial_config_of
+from autotune.study.trials import config_key, enqueue_seed_configs, trial_config_of
 from autotune.units import GIB
 from tests.conftest import TINY_GRID
 from tests.test_memory_model import TINY

@@ -8,6 +8,7 @@ import optuna
 import pytest
 
 from autotune.errors import UserError
+from autotune.memory.budget import Budget
 from autotune.memory.model import Architecture, MemoryModel
 from autotune.models.registry import resolve_model
 from autotune.probe.contract import ProbeResult, ProbeSettings
@@ -16,7 +17,7 @@ from autotune.run.tuner import Tuner
 from autotune.space.model import load_space
 from autotune.study.coordination import recover_stale_trials
 from autotune.study.storage import redact
-from autotune.study.trials import Budget, enqueue_seed_configs, finished_trials, open_study, status_counts
+from autotune.study.trials import enqueue_seed_configs, finished_trials, open_study, status_counts
 from autotune.units import GIB
 
 BUDGET = Budget(int(0.70 * GIB), 0.10)

@@ -382,9 +382,9 @@ def test_the_tuner_infers_an_oom_from_a_training_oom_of_another_share():
     from optuna.distributions import IntDistribution
     from optuna.trial import TrialState, create_trial
 
+    from autotune.memory.budget import Budget
     from autotune.search.policy import ProbeIt, decide
     from autotune.status import UPDATE_OOM, Attr, Status
-    from autotune.study.trials import Budget
 
     wall = dataclasses.replace(KNOBS, use_dynamic_bsz=False, ppo_max_token_len_per_gpu=None)
 

@@ -19,10 +19,12 @@ from autotune.units import divisors, round_up
 
 __all__ = [
     "ALGORITHMS",
+    "DEFAULT_HEADROOM",
     "KNOB_NAMES",
     "MAX_KL_COEF",
     "MINI_BATCH",
     "SHARDINGS",
+    "VERL_DEFAULT_UTILIZATION",
     "VERL_KNOBS",
     "ProbeConfig",
     "job_of",
@@ -41,6 +43,8 @@ ALGORITHMS = ("ppo", "grpo")
 # reshards the parameters after every forward (FULL_SHARD, verl's default) or keeps them for the backward
 # (SHARD_GRAD_OP, verl's reshard_after_forward=false).
 SHARDINGS = ("replicate", "full_shard", "shard_grad_op")
+# feasible means peak <= budget × (1 − headroom): the rest is left to the allocator's fragmentation
+DEFAULT_HEADROOM = 0.10
 MAX_KL_COEF = 100.0  # a KL coefficient beyond this is a typo: the KL term would drown the policy loss
 
 
@@ -153,6 +157,7 @@ def same_job(stored: Any, wanted: dict[str, Any]) -> bool:
     return isinstance(stored, dict) and job_of(stored) == wanted
 
 
+VERL_DEFAULT_UTILIZATION = 0.5  # rollout.gpu_memory_utilization when unset (verl's rollout.yaml)
 VERL_KNOBS = (
     "gpu_memory_utilization",
     "tensor_model_parallel_size",

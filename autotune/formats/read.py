@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from autotune.config.knobs import DEFAULT_HEADROOM
 from autotune.errors import UserError
 from autotune.formats.seed_yaml import read_seed
 from autotune.formats.target import DEFAULT_LAYOUT, Measured, Target, looks_like_overrides
@@ -93,7 +94,7 @@ def read_measured(block: Any) -> Measured | None:
         device=device,
         gpus=gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else 1,
         budget_bytes=budget * GIB if budget is not None and budget > 0 else None,
-        headroom=headroom if headroom is not None and 0 <= headroom < 1 else 0.10,
+        headroom=headroom if headroom is not None and 0 <= headroom < 1 else DEFAULT_HEADROOM,
         gpu=block.get("gpu") if isinstance(block.get("gpu"), str) else None,
         samples_per_sec=_number(block.get("samples_per_sec")),
     )

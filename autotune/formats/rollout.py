@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autotune.config.knobs import ProbeConfig
+from autotune.config.knobs import VERL_DEFAULT_UTILIZATION, ProbeConfig
 from autotune.units import GIB, divisors
 
 __all__ = [
@@ -38,7 +38,6 @@ ROLLOUT_ENGINES = ("vllm", "sglang", "trtllm")  # verl 0.9.1's registered names 
 MARGIN = 0.10  # of the free memory, left for the allocators' fragmentation and the CUDA graphs
 STEP = 0.05
 UTILIZATION_RANGE = (0.05, 0.9)
-VERL_DEFAULT_UTILIZATION = 0.5
 RULES = (
     "gpu_memory_utilization = (card - the training side's measured peak) × 0.9 / card, rounded down to 0.05; "
     "tensor_model_parallel_size = the smallest divisor of the GPUs (and of the model's attention heads, "

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.config.knobs import ProbeConfig
+from autotune.config.knobs import DEFAULT_HEADROOM, ProbeConfig
 from autotune.config.rules import Finding
 
 __all__ = ["ASSUMED", "DEFAULT_LAYOUT", "Measured", "Target", "looks_like_overrides"]
@@ -25,7 +25,7 @@ class Measured:
     device: str  # "cpu" | "cuda": where the probe ran
     gpus: int  # ranks per probe
     budget_bytes: float | None  # the study's memory budget per rank
-    headroom: float = 0.10
+    headroom: float = DEFAULT_HEADROOM
     gpu: str | None = None  # the card's name, on CUDA
     samples_per_sec: float | None = None
 

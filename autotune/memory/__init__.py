@@ -1,3 +1,4 @@
-"""Memory: the analytic model of a probe rank's peak, its calibration, sharded estimates and advice."""
+"""Memory: the analytic model of a probe rank's peak, its calibration, sharded estimates, the budget a peak is
+judged against, the verdict on a config file, and advice."""
 
-__all__ = ["advice", "gpus", "model", "sharded"]
+__all__ = ["advice", "budget", "gpus", "model", "sharded", "verdict"]

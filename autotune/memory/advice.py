@@ -22,8 +22,7 @@ from typing import Any
 
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import MemoryModel
-from autotune.memory.sharded import gib
-from autotune.units import round_up
+from autotune.units import gib, round_up
 
 __all__ = ["Remedy", "first_aid", "remedies", "shorter_lengths", "switches"]
 
@@ -136,7 +135,7 @@ def first_aid(
         return model.predict(c) <= limit
 
     def mark(c: ProbeConfig) -> str:
-        return f"{gib(model.predict(c))} GiB" + (" fits" if fits(c) else "")
+        return f"{gib(model.predict(c), None)} GiB" + (" fits" if fits(c) else "")
 
     by_name = {r.name: r for r in remedies(config, lengths, model.world_size)}
     steps: list[str] = []

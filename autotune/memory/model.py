@@ -39,8 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.config.knobs import ProbeConfig
-from autotune.formats.rollout import VERL_DEFAULT_UTILIZATION
+from autotune.config.knobs import VERL_DEFAULT_UTILIZATION, ProbeConfig
 
 __all__ = [
     "PRIORS",

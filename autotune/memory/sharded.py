@@ -16,14 +16,9 @@ from dataclasses import dataclass
 
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import Architecture, MemoryModel
-from autotune.units import GIB
+from autotune.units import GIB, gib
 
 __all__ = ["MemoryEstimate", "describe", "estimate_memory", "estimate_with", "held_as", "model_label"]
-
-
-def gib(value: float) -> str:
-    """GiB to one decimal, two below 10 GiB (a CPU study's peaks and budgets are fractions of a GiB)."""
-    return f"{value / GIB:.2f}" if abs(value) < 10 * GIB else f"{value / GIB:.1f}"
 
 
 @dataclass(frozen=True)
@@ -101,11 +96,12 @@ def describe(
     elif offload:
         how = f"{label} over {gpus} GPUs, parameter and optimizer states offloaded to CPU between phases"
     elif sharding != "none" and gpus == 1:
-        how = f"{label} on 1 GPU: nothing to divide, weights gathered {gib(estimate.gathered)} GiB at a time"
+        gathered = gib(estimate.gathered, None)
+        how = f"{label} on 1 GPU: nothing to divide, weights gathered {gathered} GiB at a time"
     elif sharding == "full_shard":
         how = (
             f"{label} over {gpus} GPUs: parameter, gradient and optimizer states ÷ {gpus}, "
-            f"weights gathered {gib(estimate.gathered)} GiB at a time in training"
+            f"weights gathered {gib(estimate.gathered, None)} GiB at a time in training"
         )
     elif sharding == "shard_grad_op":
         how = f"{label}: states ÷ {gpus}, weights gathered whole from forward to backward"
@@ -115,8 +111,9 @@ def describe(
     tokens = f"{config.micro_batch_size} × {config.sequence_length} tokens"
     detail = f" (micro batch {tokens})" if phase == "update" else ""
     return (
-        f"{models}: weights {gib(s['weights'])} + gradients {gib(s['gradients'])} + Adam states "
-        f"{gib(s['optimizer'])} GiB ({how}), then the {phase} phase {gib(estimate.phases[phase])} GiB"
+        f"{models}: weights {gib(s['weights'], None)} + gradients {gib(s['gradients'], None)} + Adam states "
+        f"{gib(s['optimizer'], None)} GiB ({how}), then the {phase} phase "
+        f"{gib(estimate.phases[phase], None)} GiB"
         f"{detail}; peak = {estimate.constant / GIB:.2f} GiB + states + {estimate.factor:g} × the "
         f"transients (the memory model of autotune's probe, {label_of_model})"
     )

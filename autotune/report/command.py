@@ -9,7 +9,9 @@ from pathlib import Path
 import optuna
 from rich.console import Console
 
+from autotune.config.knobs import DEFAULT_HEADROOM
 from autotune.errors import UserError
+from autotune.memory.budget import Budget
 from autotune.probe.contract import ProbeSettings
 from autotune.probe.launcher import run_probe
 from autotune.report import gain
@@ -18,7 +20,7 @@ from autotune.report.selection import select
 from autotune.report.write import study_plan, write_report
 from autotune.status import Attr, StudyAttr
 from autotune.study.storage import default_storage_url
-from autotune.study.trials import Budget, check_study_name, open_study
+from autotune.study.trials import check_study_name, open_study
 from autotune.units import GIB
 
 __all__ = ["ReportOptions", "confirm_winner", "default_storage", "load_existing_study", "report_study"]
@@ -121,7 +123,7 @@ def report_study(options: ReportOptions, console: Console | None = None) -> int:
     study = load_existing_study(storage, options.study)
     budget = study_plan(study).budget
     if options.memory_budget_gib:
-        budget = Budget(int(options.memory_budget_gib * GIB), budget.headroom if budget else 0.10)
+        budget = Budget(int(options.memory_budget_gib * GIB), budget.headroom if budget else DEFAULT_HEADROOM)
     if budget is None:
         raise UserError(f"study {options.study!r} stores no memory budget: pass --memory-budget GIB")
     excluded = confirm_winner(study, budget, options, console) if options.confirm else []

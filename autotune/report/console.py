@@ -11,7 +11,7 @@ from rich.table import Table
 from autotune.config.knobs import ProbeConfig
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report.lines import short_config
-from autotune.units import GIB
+from autotune.units import gib
 
 __all__ = ["print_probe_result", "probing"]
 
@@ -35,7 +35,7 @@ def probing(config: ProbeConfig, settings: ProbeSettings) -> Iterator[None]:
 
 
 def _gib(value: int | None) -> str:
-    return f"{value / GIB:.3f} GiB" if value else "-"
+    return f"{gib(value)} GiB" if value else "-"
 
 
 def print_probe_result(result: ProbeResult, console: Console | None = None) -> None:

@@ -22,6 +22,7 @@ from autotune.formats.rollout import RolloutEngine, rollout_engine
 from autotune.formats.seed_yaml import seed_document, seed_yaml
 from autotune.formats.verl import VerlOverrides, verl_overrides
 from autotune.memory.advice import remedies
+from autotune.memory.budget import Budget
 from autotune.models.names import verl_model_path
 from autotune.probe.conditions import disturbance, worst_disturbance
 from autotune.report import gain, pick
@@ -29,7 +30,6 @@ from autotune.report.selection import Selection, select
 from autotune.status import LAUNCHED, Attr, Status, StudyAttr
 from autotune.study.plan import StudyPlan
 from autotune.study.trials import (
-    Budget,
     memory_model_error,
     trial_config,
     trial_config_of,

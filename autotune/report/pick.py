@@ -24,9 +24,10 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from autotune.memory.budget import Budget
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.status import Attr, Status, StudyAttr
-from autotune.study.trials import Budget, finished_trials, measured_ok, trial_config
+from autotune.study.trials import finished_trials, measured_ok, trial_config
 
 __all__ = [
     "MAX_CONTENDERS",

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.memory.budget import Budget
 from autotune.report import pick
 from autotune.status import Attr, Status
-from autotune.study.trials import Budget, trial_status
+from autotune.study.trials import trial_status
 
 __all__ = ["Selection", "best_feasible", "closest_trials", "ok_front", "pareto_best", "recommended", "select"]
 

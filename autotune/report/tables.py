@@ -18,7 +18,7 @@ from autotune.report import pick
 from autotune.report.lines import SHORT_NAMES, VERL_WORDS, verl_short
 from autotune.status import Attr, Status
 from autotune.study.trials import describe_budget, trial_config, trial_environment, trial_status
-from autotune.units import GIB
+from autotune.units import gib
 
 if TYPE_CHECKING:
     from autotune.report.data import Gain, ReportData
@@ -32,7 +32,6 @@ __all__ = [
     "front_table",
     "gain_lines",
     "gains_table",
-    "gib",
     "headline",
     "knob_cells",
     "legend_line",
@@ -67,10 +66,6 @@ KNOB_COLUMNS = (  # short names as in the run's trial lines (run.live), explaine
 VERL_COLUMN_LEGEND = f" verl: verl's own knobs the configuration sets ({VERL_WORDS})."
 OFFLOAD_NAMES = (("param_offload", "param"), ("optimizer_offload", "optim"), ("offload_policy", "policy"))
 MAX_ROWS = 40
-
-
-def gib(value: float | int | None) -> str:
-    return "-" if value is None else f"{value / GIB:.3f}"
 
 
 def seconds(value: float) -> str:

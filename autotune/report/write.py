@@ -33,6 +33,7 @@ from optuna.trial import FrozenTrial
 from autotune.errors import Unavailable, UserError
 from autotune.files import make_folder, write_whole
 from autotune.formats.verl import format_overrides
+from autotune.memory.budget import Budget
 from autotune.report.data import ReportData, best_config_yaml, build_report, config_yaml
 from autotune.report.markdown import render_markdown
 from autotune.report.tables import (
@@ -45,7 +46,7 @@ from autotune.report.tables import (
 )
 from autotune.status import Attr
 from autotune.study.plan import StudyPlan
-from autotune.study.trials import Budget, trial_status
+from autotune.study.trials import trial_status
 from autotune.units import GIB, gib
 
 __all__ = ["FILES", "SUMMARY_FILE", "ReportResult", "study_plan", "summary", "write_report"]

@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from autotune.files import hold_lock, make_folder
+from autotune.memory.budget import Budget
 from autotune.report.lines import LEGEND, VERL_LEGEND
 from autotune.report.tables import recipe_lines
 from autotune.run.live import RUN_LOG, Narrator
@@ -38,7 +39,6 @@ from autotune.study.storage import (
     sqlite_path,
 )
 from autotune.study.trials import (
-    Budget,
     check_study_name,
     enqueue_seed_configs,
     finished_trials,

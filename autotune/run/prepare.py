@@ -25,11 +25,11 @@ from autotune.config.knobs import ProbeConfig
 from autotune.config.numbers import MAX_SECONDS, is_int, parse_float
 from autotune.config.schema import show
 from autotune.errors import UserError
+from autotune.memory.budget import Budget
 from autotune.memory.model import MemoryModel
 from autotune.probe.contract import ProbeSettings
 from autotune.space.model import SearchSpace, batch_value_problem, space_from_dict
 from autotune.space.specs import MINI, OFFLOAD_KNOBS, TP, TRAIN
-from autotune.study.trials import Budget
 from autotune.units import GIB
 
 __all__ = [

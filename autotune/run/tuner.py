@@ -17,6 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.config.knobs import ProbeConfig
+from autotune.memory.budget import Budget
 from autotune.memory.model import MemoryModel
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.probe.launcher import run_probe
@@ -27,7 +28,7 @@ from autotune.study import outage
 from autotune.study.coordination import Claims, heartbeat, wait_for_twin
 from autotune.study.outcome import Outcome, outcome_from_dict, outcome_from_result, record_outcome
 from autotune.study.storage import PATIENCE_SECONDS, retrying
-from autotune.study.trials import Budget, finished_trials
+from autotune.study.trials import finished_trials
 
 __all__ = ["Tuner"]
 

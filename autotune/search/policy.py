@@ -19,11 +19,12 @@ from typing import Any
 from optuna.trial import FrozenTrial
 
 from autotune.config.knobs import ProbeConfig, job_of, same_job
+from autotune.memory.budget import Budget
 from autotune.memory.model import MemoryModel
 from autotune.space.model import at_least_as_large
 from autotune.status import MEASURED, Attr, Status
 from autotune.study.outcome import Outcome
-from autotune.study.trials import Budget, measured_ok, oom_phase, trial_config_of
+from autotune.study.trials import measured_ok, oom_phase, trial_config_of
 
 __all__ = [
     "PREDICTION_MARGINS",

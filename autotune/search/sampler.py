@@ -31,6 +31,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.knobs import ProbeConfig
+from autotune.memory.budget import Budget
 from autotune.memory.model import MemoryModel
 from autotune.search.policy import calibrated
 from autotune.search.surrogate import Observation, SpeedModel
@@ -43,7 +44,7 @@ from autotune.space.model import (
 )
 from autotune.space.specs import LEGACY_PREFIX, MEMORY_EQUAL_FIELDS
 from autotune.status import Attr, Status
-from autotune.study.trials import Budget, config_key, measured_ok, oom_phase, trial_config
+from autotune.study.trials import config_key, measured_ok, oom_phase, trial_config
 
 __all__ = ["BOLDNESS", "MAX_CANDIDATES", "SystemSampler", "choose"]
 

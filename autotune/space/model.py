@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.config.knobs import ProbeConfig, physical_cores
+from autotune.config.knobs import DEFAULT_HEADROOM, ProbeConfig, physical_cores
 from autotune.config.numbers import is_int
 from autotune.config.schema import MISSING, Checker, show
 from autotune.space.schema import NO_ACCUMULATION, choice_ok, parse_space_file, read_space
@@ -98,7 +98,7 @@ class SearchSpace:
     reward_model: str = "function"
     gpus: int = 1
     memory_budget_gib: float | None = None
-    headroom: float = 0.10
+    headroom: float = DEFAULT_HEADROOM
     algorithm: str = "ppo"
     rollout_n: int = 1
     kl_coef: float = 0.05

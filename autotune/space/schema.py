@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from autotune.config.knobs import ALGORITHMS, MAX_KL_COEF, SHARDINGS
+from autotune.config.knobs import ALGORITHMS, DEFAULT_HEADROOM, MAX_KL_COEF, SHARDINGS
 from autotune.config.numbers import MAX_GIB, MAX_RANKS, MAX_SECONDS
 from autotune.config.schema import MISSING, Checker, show
 from autotune.errors import UserError
@@ -155,7 +155,7 @@ def _parse_top(check: Checker, data: dict) -> dict[str, Any]:
         None if budget is None else check.number("memory_budget_gib", budget, 0, MAX_GIB)
     )
     top["headroom"] = check.number(
-        "headroom", data.get("headroom", 0.10), 0, 1, open_low=False, open_high=True
+        "headroom", data.get("headroom", DEFAULT_HEADROOM), 0, 1, open_low=False, open_high=True
     )
     algorithm = data.get("algorithm", "ppo")
     if algorithm not in ALGORITHMS:

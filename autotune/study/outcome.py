@@ -20,10 +20,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.knobs import ProbeConfig
+from autotune.memory.budget import Budget
 from autotune.probe.contract import ProbeResult
 from autotune.status import FAILED, Attr, Status
 from autotune.study.coordination import retry_once
-from autotune.study.trials import Budget
 
 __all__ = ["Outcome", "outcome_from_dict", "outcome_from_result", "outcome_to_dict", "record_outcome"]
 

@@ -19,10 +19,11 @@ from typing import Any
 
 import optuna
 
+from autotune.config.knobs import DEFAULT_HEADROOM
 from autotune.errors import UserError
+from autotune.memory.budget import Budget
 from autotune.probe.contract import ProbeSettings
 from autotune.status import StudyAttr
-from autotune.study.trials import Budget
 
 __all__ = ["LOCAL_SETTINGS", "StudyPlan", "check_same_job"]
 
@@ -37,7 +38,7 @@ class StudyPlan:
     reward_model: str = "function"
     gpus: int = 1  # ranks per probe: samples/sec of different world sizes do not compare
     budget_bytes: int | None = None  # per rank
-    headroom: float = 0.10
+    headroom: float = DEFAULT_HEADROOM
     space_name: str | None = None
     space: dict[str, Any] = field(default_factory=dict)  # the space's YAML as run resolved it
     settings: dict[str, Any] = field(default_factory=dict)  # ProbeSettings less LOCAL_SETTINGS
@@ -127,7 +128,7 @@ def _legacy(probe_plan: dict[str, Any], context: dict[str, Any]) -> StudyPlan | 
         reward_model=context.get("reward_model", space.get("reward_model", "function")),
         gpus=int(context.get("gpus", space.get("gpus", 1))),
         budget_bytes=context.get("budget_bytes"),
-        headroom=float(context.get("headroom", 0.10)),
+        headroom=float(context.get("headroom", DEFAULT_HEADROOM)),
         space_name=probe_plan.get("space_name", context.get("space")),
         space=space,
         settings=probe_plan.get("settings") or {},

@@ -10,7 +10,6 @@ import json
 import re
 import statistics
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -18,6 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.knobs import ProbeConfig, job_of
 from autotune.errors import AutotuneError, UserError
+from autotune.memory.budget import Budget
 from autotune.space.model import SearchSpace, config_to_params
 from autotune.status import OOM_PHASES, Attr, Status, StudyAttr
 from autotune.study.coordination import retry_stale_trial
@@ -27,7 +27,6 @@ from autotune.units import GIB
 __all__ = [
     "DIRECTIONS",
     "METRIC_NAMES",
-    "Budget",
     "check_study_name",
     "config_key",
     "describe_budget",
@@ -62,17 +61,6 @@ def check_study_name(name: str) -> str:
             f"letter or digit (no '/', no '..'); choose e.g. --study my-study"
         )
     return name
-
-
-@dataclass
-class Budget:
-    bytes: int
-    headroom: float
-
-    @property
-    def limit(self) -> float:
-        """Feasible peaks stay at or below this: the budget less its headroom."""
-        return self.bytes * (1.0 - self.headroom)
 
 
 def make_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
