@@ -3,16 +3,21 @@
 __all__ = [
     "check",
     "cli",
+    "commands",
     "config",
     "data",
     "errors",
+    "files",
     "formats",
     "memory",
     "models",
     "probe",
     "report",
+    "run",
     "search",
+    "space",
     "status",
+    "study",
     "units",
 ]
 

@@ -120,3 +120,23 @@ def test_every_module_says_what_it_offers():
         if name not in ("autotune.__main__",) and "__all__" not in path.read_text()
     )
     assert missing == [], f"modules without __all__: {missing}"
+
+
+def test_each_package_lists_its_modules():
+    """A package's `__all__` names its modules and subpackages, no more and no fewer (the commands package
+    also offers its registry)."""
+    drifted = {}
+    for init in PACKAGE.rglob("__init__.py"):
+        folder = init.parent
+        modules = {p.stem for p in folder.glob("*.py") if p.stem not in ("__init__", "__main__")}
+        modules |= {d.name for d in folder.iterdir() if (d / "__init__.py").is_file()}
+        listed = next(
+            {element.value for element in node.value.elts}
+            for node in ast.parse(init.read_text()).body
+            if isinstance(node, (ast.Assign, ast.AnnAssign))
+            and getattr(node.targets[0] if isinstance(node, ast.Assign) else node.target, "id", "")
+            == "__all__"
+        )
+        if listed - {"COMMANDS"} != modules:
+            drifted[module_name(init)] = sorted(listed ^ modules)
+    assert drifted == {}, f"__all__ differs from the package's modules: {drifted}"

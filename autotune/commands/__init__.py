@@ -3,7 +3,18 @@
 
 from autotune.commands import check, lengths, models, probe, report, run, spaces, worker
 
-__all__ = ["COMMANDS"]
+__all__ = [
+    "COMMANDS",
+    "arguments",
+    "check",
+    "lengths",
+    "models",
+    "probe",
+    "report",
+    "run",
+    "spaces",
+    "worker",
+]
 
 COMMANDS = {
     "probe": probe,

@@ -1,3 +1,3 @@
 """The files autotune writes and reads back: the seed schema (best_config.yaml) and verl overrides."""
 
-__all__ = ["read", "seed_yaml", "target", "verl"]
+__all__ = ["read", "rollout", "seed_yaml", "target", "verl", "verl_table"]

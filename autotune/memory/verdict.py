@@ -28,7 +28,7 @@ __all__ = ["SEVERITY", "VERDICT_WORDS", "memory_findings", "rollout_pool_finding
 
 
 def study_model(arch: Architecture, gpus: int, device: str, vllm_rollout: bool = False) -> MemoryModel:
-    """The memory model as the study builds it (`search.prepare`) before any probe: the device's priors.
+    """The memory model as the study builds it (`run.prepare`) before any probe: the device's priors.
     `vllm_rollout`: a verl file's rollout runs in vLLM's pool (the engine findings judge it), not in the
     probe's generate phase."""
     return MemoryModel(arch, gpus, device, vllm_rollout=vllm_rollout)

@@ -1,3 +1,15 @@
 """The report: select the Pareto-best trial and write best_config.yaml, verl overrides, tables and plots."""
 
-__all__ = ["command", "console", "data", "gain", "html", "markdown", "pick", "selection", "tables", "write"]
+__all__ = [
+    "command",
+    "console",
+    "data",
+    "gain",
+    "html",
+    "lines",
+    "markdown",
+    "pick",
+    "selection",
+    "tables",
+    "write",
+]
