@@ -13,7 +13,7 @@ import pytest
 from autotune.errors import UserError
 from autotune.probe.contract import ProbeSettings
 from autotune.probe.launcher import _rank_env
-from autotune.run.slots import oversubscribed, plan_slots, visible_gpus
+from autotune.run.slots import oversubscribed, plan_slots, visible_device_ids
 from autotune.space.model import config_to_params
 from autotune.study.coordination import recover_stale_trials, retry_stale_trial
 from autotune.study.storage import check_parallel_safe, default_storage_url, journal_path, make_storage
@@ -36,7 +36,7 @@ def test_too_few_gpus_for_the_slots_is_a_user_error():
 
 def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
-    assert visible_gpus() == ["3", "5"]
+    assert visible_device_ids() == ["3", "5"]
     assert [s.devices for s in plan_slots(2, 1, "cuda")] == [("3",), ("5",)]
 
 

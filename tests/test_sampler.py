@@ -14,7 +14,7 @@ from autotune.memory.model import MemoryModel
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report import pick
 from autotune.run.tuner import Tuner
-from autotune.search.sampler import SystemSampler, choose
+from autotune.search.sampler import SystemSampler, choose_next
 from autotune.search.surrogate import Observation, SpeedModel
 from autotune.space.model import at_least_as_large, load_space
 from autotune.status import Attr, Status, StudyAttr
@@ -122,7 +122,7 @@ def test_choose_skips_what_is_decided_busy_or_at_least_as_large_as_an_oom():
     tuner.step()
     complete = study.trials
     busy = {config_key(grid[-1])}
-    chosen = choose(grid, complete, PRIOR, budget, busy)
+    chosen = choose_next(grid, complete, PRIOR, budget, busy)
     assert chosen is not None
     assert config_key(chosen) not in busy | {config_key(oom)}
     assert not at_least_as_large(chosen, oom)
@@ -135,7 +135,7 @@ def test_choose_skips_what_is_decided_busy_or_at_least_as_large_as_an_oom():
 
 def test_choose_takes_the_smallest_predicted_peak_when_nothing_is_predicted_to_fit():
     tight = Budget(int(0.01 * GIB), 0.10)
-    chosen = choose(SPACE.grid(), [], PRIOR, tight)
+    chosen = choose_next(SPACE.grid(), [], PRIOR, tight)
     assert PRIOR.predict(chosen) == min(PRIOR.predict(c) for c in SPACE.grid())
 
 

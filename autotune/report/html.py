@@ -26,7 +26,6 @@ from autotune.report.tables import (
     gain_lines,
     gains_table,
     gib,
-    headline,
     launch_line,
     legend_line,
     memory_model_table,
@@ -35,6 +34,7 @@ from autotune.report.tables import (
     predictions,
     remeasured_lead,
     remeasured_table,
+    study_lines,
     trials_table,
     verdict_line,
     verl_lines,
@@ -386,7 +386,7 @@ def render_html(report: ReportData) -> str:
         f"Solid red: the budget ({gib(report.budget.bytes)} GiB); dashed: budget less headroom "
         f"({gib(report.budget.limit)} GiB), the feasibility limit."
     )
-    study_lines = "<br>".join(html.escape(line) for line in headline(report))
+    study_text = "<br>".join(html.escape(line) for line in study_lines(report))
     sections = [
         _section("copy", "What to copy" if chosen else "What to change", _copy(report)),
         _section("gains", "Gain over the hand-made configs", html_table(gains_table(report))),
@@ -399,7 +399,7 @@ def render_html(report: ReportData) -> str:
             if report.near_misses
             else []
         ),
-        _section("study", "The study", f'<p class="meta">{study_lines}</p>'),
+        _section("study", "The study", f'<p class="meta">{study_text}</p>'),
         *(
             [
                 _section(

@@ -14,7 +14,6 @@ from autotune.report.tables import (
     gain_lines,
     gains_table,
     gib,
-    headline,
     launch_line,
     legend_line,
     memory_model_table,
@@ -22,6 +21,7 @@ from autotune.report.tables import (
     near_miss_table,
     remeasured_lead,
     remeasured_table,
+    study_lines,
     trials_table,
     verdict_line,
     verl_lines,
@@ -53,7 +53,7 @@ def render_markdown(report: ReportData) -> str:
     parts += ["\n## Gain over the hand-made configs\n\n", md_table(gains_table(report))]
     if report.near_misses:
         parts += ["\n## Near misses: faster, but not picked\n\n", md_table(near_miss_table(report))]
-    parts += ["\n## The study\n\n", *(f"{line}  \n" for line in headline(report))]
+    parts += ["\n## The study\n\n", *(f"{line}  \n" for line in study_lines(report))]
     if report.remeasured:
         parts += ["\n## Re-measured before the pick\n\n", remeasured_lead(report), "\n\n"]
         parts += [md_table(remeasured_table(report))]

@@ -32,7 +32,6 @@ __all__ = [
     "front_table",
     "gain_lines",
     "gains_table",
-    "headline",
     "knob_cells",
     "legend_line",
     "memory_model_table",
@@ -43,7 +42,7 @@ __all__ = [
     "remeasured_line",
     "remeasured_table",
     "seconds",
-    "show",
+    "study_lines",
     "trials_table",
     "verdict_line",
     "verl_lines",
@@ -122,13 +121,6 @@ def front_table(report: ReportData) -> Table:
             ]
         )
     return headers, rows
-
-
-def show(value: object) -> str:
-    """A value as best_config.yaml spells it."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "null" if value is None else str(value)
 
 
 def remeasured_table(report: ReportData) -> Table:
@@ -324,7 +316,7 @@ def launch_line(report: ReportData, overrides: str = "verl_overrides.txt") -> st
     return f"python -m verl.trainer.main_ppo $(cat {overrides}) " + " ".join(extra)
 
 
-def headline(report: ReportData) -> list[str]:
+def study_lines(report: ReportData) -> list[str]:
     ctx = report.plan
     space = f", space {ctx.space_name}" if ctx.space_name else ""
     return [

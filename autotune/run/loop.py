@@ -48,7 +48,7 @@ __all__ = [
     "print_summary",
     "probe_study",
     "progress_line",
-    "replay_pending",
+    "replay_kept",
     "settle_gain",
     "settle_pick",
     "tune",
@@ -284,7 +284,7 @@ def probe_study(
 ) -> str:
     """Recover what dead tuners left, record what an outage kept back, then probe on every slot until
     `trials` are complete (shared by `autotune run` and `autotune worker`)."""
-    replay_pending(tuner, console)  # before the sweep: a kept measurement completes its own trial
+    replay_kept(tuner, console)  # before the sweep: a kept measurement completes its own trial
     recovered = recover_stale_trials(tuner.study)
     if recovered:
         console.print(
@@ -429,7 +429,7 @@ def keep_trying(tuner: Tuner, console: Console, every: float = 5.0) -> None:
             return
 
 
-def replay_pending(tuner: Tuner, console: Console) -> None:
+def replay_kept(tuner: Tuner, console: Console) -> None:
     """Record what an earlier run kept in the pending file; put aside what cannot be read, and say so."""
     if tuner.pending.path is None:
         return

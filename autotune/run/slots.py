@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from autotune.errors import UserError
 from autotune.probe.contract import ProbeSettings
 
-__all__ = ["Slot", "oversubscribed", "plan_slots", "visible_gpus"]
+__all__ = ["Slot", "oversubscribed", "plan_slots", "visible_device_ids"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Slot:
         return f"slot {self.index}: {self.threads} CPU thread(s) per rank"
 
 
-def visible_gpus() -> list[str]:
+def visible_device_ids() -> list[str]:
     """The device ids a probe may use: CUDA_VISIBLE_DEVICES' entries when it is set, else NVML's count."""
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
@@ -58,7 +58,7 @@ def plan_slots(
 ) -> list[Slot]:
     """P disjoint slots of W ranks; too few GPUs is a UserError naming what is visible."""
     if device == "cuda":
-        gpus = visible_gpus() if gpus is None else gpus
+        gpus = visible_device_ids() if gpus is None else gpus
         needed = parallel * world_size
         if needed > len(gpus):
             raise UserError(

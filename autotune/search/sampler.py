@@ -46,7 +46,7 @@ from autotune.space.specs import LEGACY_PREFIX, MEMORY_EQUAL_FIELDS
 from autotune.status import Attr, Status
 from autotune.study.trials import config_key, measured_ok, oom_phase, trial_config
 
-__all__ = ["BOLDNESS", "MAX_CANDIDATES", "SystemSampler", "choose"]
+__all__ = ["BOLDNESS", "MAX_CANDIDATES", "SystemSampler", "choose_next"]
 
 BOLDNESS = 1.0  # standard deviations of optimism in the speed model's ranking
 MAX_CANDIDATES = 20_000  # a larger space is searched through a random subset of this size
@@ -133,10 +133,10 @@ class SystemSampler(optuna.samplers.BaseSampler):
             if t.state == TrialState.RUNNING and (config := trial_config(t)) is not None
         }
         complete = [t for t in trials if t.state == TrialState.COMPLETE]
-        return choose(self.candidates(), complete, self.prior, self.budget, busy, self.boldness)
+        return choose_next(self.candidates(), complete, self.prior, self.budget, busy, self.boldness)
 
 
-def choose(
+def choose_next(
     candidates: Sequence[ProbeConfig],
     trials: Sequence[FrozenTrial],
     prior: MemoryModel,
