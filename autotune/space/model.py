@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.config.knobs import DEFAULT_HEADROOM, ProbeConfig, physical_cores
+from autotune.config.knobs import DEFAULT_HEADROOM, ProbeConfig, physical_cores, resolve_mini_batch
 from autotune.config.numbers import is_int
 from autotune.config.schema import MISSING, Checker, show
 from autotune.space.schema import NO_ACCUMULATION, choice_ok, parse_space_file, read_space
@@ -176,10 +176,7 @@ class SearchSpace:
 
     def probe_config(self, values: Mapping[str, Any]) -> ProbeConfig:
         """The ProbeConfig of knob values (mini_batch_size M becomes g = M/(W·m)) and the fixed fields."""
-        knobs = dict(values)
-        mini = knobs.pop(MINI)
-        knobs[ACCUM] = mini // (self.gpus * knobs[MICRO])
-        return ProbeConfig(**knobs, **self.fixed_fields)
+        return ProbeConfig(**resolve_mini_batch(values, self.gpus), **self.fixed_fields)
 
     def with_settings(self, **changes: Any) -> SearchSpace:
         """The same file with top-level settings replaced (e.g. `gpus=2` from the command line), rechecked."""
