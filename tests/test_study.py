@@ -110,6 +110,15 @@ def test_stale_running_trial_is_failed_and_requeued_once(tmp_path):
     assert retry.suggest_categorical("max_prompt_length", [16, 32]) == first.params["max_prompt_length"]
 
 
+def test_a_trial_being_claimed_is_not_taken_for_dead(tmp_path):
+    """Another worker reads the trial between the claim's attributes: the host is set, the pid not yet."""
+    tuner = make_tuner(tmp_path, FakeProbe())
+    trial = tuner.study.ask()
+    trial.set_user_attr("host", __import__("socket").gethostname())
+    assert recover_stale_trials(tuner.study) == []
+    assert tuner.study.trials[0].state == optuna.trial.TrialState.RUNNING
+
+
 def test_hand_made_trial_killed_before_sampling_is_requeued_from_its_fixed_params(tmp_path):
     tuner = make_tuner(tmp_path, FakeProbe())
     tuner.study.enqueue_trial({"max_prompt_length": 32}, user_attrs={"seed_config": "verl-default"})

@@ -51,13 +51,15 @@ SWEEP_SECONDS = 30.0  # while waiting on other workers' trials, look for dead on
 
 
 def claim_attrs() -> dict[str, Any]:
+    """Set one by one, in this order: another worker that reads the trial between two of them must not see a
+    host without the pid that says whether its tuner lives (`recover_stale_trials`)."""
     import psutil
 
     return {
-        Attr.HOST: socket.gethostname(),
         Attr.TUNER_PID: os.getpid(),
         Attr.TUNER_STARTED: psutil.Process().create_time(),
         Attr.CLAIMED_AT: time.time(),
+        Attr.HOST: socket.gethostname(),
     }
 
 
@@ -213,7 +215,9 @@ def recover_stale_trials(study: optuna.Study, grace_seconds: float = GRACE_SECON
     running, recovered = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)), []
     for trial in running:
         attrs = trial.user_attrs
-        dead_here = attrs.get(Attr.HOST) == host and not _tuner_alive(attrs)
+        # Half-claimed (no pid yet) is not dead: its tuner is setting the claim; the grace period covers it.
+        claimed_here = attrs.get(Attr.HOST) == host and Attr.TUNER_PID in attrs
+        dead_here = claimed_here and not _tuner_alive(attrs)
         if (dead_here or _orphaned(trial, now, grace_seconds)) and fail_trial(
             study, trial._trial_id, Status.INTERRUPTED
         ):
