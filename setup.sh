@@ -26,7 +26,7 @@ if [ "${1:-}" != "test" ]; then
   say "done: .venv/bin/autotune --help"
   exit 0
 fi
-say "installing autotune with the test tools (pytest, ruff, mypy, hypothesis, psycopg2, hydra-core) into .venv"
+say "installing autotune with the test tools (pytest, ruff, mypy, hypothesis, psycopg2, hydra-core, TRL) into .venv"
 "${pip[@]}" -e ".[test]"
 # verl 0.9.1 with its own dependencies, in its own environment: the tests compose autotune's exports with its
 # Hydra config and run its validate_config; autotune never imports it.

@@ -8,35 +8,17 @@ memory (result written), anything else a crash.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import dataclasses
 import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from autotune.probe.conditions import CpuWindow
-from autotune.probe.contract import MMAP_THRESHOLD, OOM_EXIT_CODE
+from autotune.probe.rank.process import return_freed_memory, run_rank
 from autotune.status import Status
-
-
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--job", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    return parser.parse_args()
-
-
-def write_result(out_dir: Path, rank: int, result: dict[str, Any]) -> None:
-    """Atomic write, so the parent never reads half a result."""
-    path = out_dir / f"result.rank{rank}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, path)
 
 
 def environment(device) -> dict[str, Any]:
@@ -58,17 +40,6 @@ def environment(device) -> dict[str, Any]:
         env["cuda"] = torch.version.cuda
         env["gpu_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
     return env
-
-
-def return_freed_memory() -> None:
-    """On CPU the resident set stands in for a device's memory: blocks above 64 KiB get their own mappings, so
-    a freed tensor leaves the resident set as it leaves a GPU allocator's live bytes (glibc would otherwise
-    keep small freed tensors on its heap, and the peak would count heap fragments, not tensors)."""
-    import ctypes
-
-    m_mmap_threshold = -3
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).mallopt(m_mmap_threshold, MMAP_THRESHOLD)
 
 
 def setup_device(settings: dict[str, Any], rank: int, world_size: int, sharded: bool):
@@ -164,57 +135,5 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     }
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """By exception type, never by message: torch's allocator OOM or the host's MemoryError."""
-    import torch
-
-    return isinstance(exc, (torch.OutOfMemoryError, MemoryError))
-
-
-def die_with_parent() -> None:
-    """If the tuner is killed (even by SIGKILL), take this rank down too instead of leaving an orphan."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() == 1:  # the parent died before prctl took effect
-        os._exit(1)
-
-
-def main() -> int:
-    die_with_parent()
-    args = parse_args()
-    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    started = time.time()
-    job = json.loads(args.job.read_text())
-    try:
-        result = measure(job, rank, world_size)
-    except BaseException as exc:
-        if not is_out_of_memory(exc):
-            raise
-        from autotune.probe.rank.measure import peak_memory
-
-        kind = "cuda" if job["settings"]["device"] == "cuda" else "host"
-        write_result(
-            args.out,
-            rank,
-            {
-                "status": Status.OOM,
-                "oom_kind": kind,
-                "message": f"{type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else 'out of memory'}",
-                "peak": peak_memory(job["settings"]["device"], None),
-            },
-        )
-        print(f"rank {rank}: out of memory: {exc}", file=sys.stderr)
-        return OOM_EXIT_CODE
-    result["rank_seconds"] = time.time() - started
-    write_result(args.out, rank, result)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_rank(measure))

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from autotune.config.numbers import MAX_GIB, MAX_RANKS, MAX_SECONDS, argument, parse_float, parse_int
+from autotune.formats.trl import TRL_VERSION
 from autotune.probe.contract import ENGINES
 from autotune.probe.verl.install import VERL_VERSION
 
@@ -100,21 +101,28 @@ def add_device_arguments(parser: argparse.ArgumentParser, override: bool = False
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, engine: bool = True) -> None:
-    """--engine (what runs a probe) and --verl-python (the verl environment it uses)."""
+    """--engine (what runs a probe), --verl-python and --trl-python (the environments those engines use)."""
     if engine:
         parser.add_argument(
             "--engine",
             choices=ENGINES,
             default="builtin",
-            help="what runs a probe: builtin (autotune's own PPO/GRPO iteration; CPU or GPU) or verl "
+            help="what runs a probe: builtin (autotune's own PPO/GRPO iteration; CPU or GPU), verl "
             "(python -m verl.trainer.main_ppo itself for the warm-up and measured steps, with vLLM's pool; "
-            "GPU machines, --verl-python)",
+            "GPU machines, --verl-python) or trl (TRL's GRPOTrainer itself; CPU or GPU, --trl-python)",
         )
     parser.add_argument(
         "--verl-python",
         metavar="PATH",
         help=f"the python of an environment with verl {VERL_VERSION} (e.g. /opt/verl/bin/python), for "
         f"--engine verl" + ("" if engine else " studies"),
+    )
+    parser.add_argument(
+        "--trl-python",
+        metavar="PATH",
+        help=f"the python of an environment with TRL {TRL_VERSION} and autotune, for --engine trl"
+        + ("" if engine else " studies")
+        + " (default: this one)",
     )
 
 

@@ -90,13 +90,10 @@ def run(args: argparse.Namespace) -> int:
     spec = resolve_model(args.model, args.weights, args.trust_remote_code)
     resolve_reward_model(args.reward_model)
     raise_for(model_findings(config, spec))
-    if args.engine == "verl":
-        from autotune.probe.verl.install import check_verl_python
-
-        check_verl_python(args.verl_python)
     settings = ProbeSettings(
         engine=args.engine,
         verl_python=args.verl_python,
+        trl_python=args.trl_python,
         model=args.model,
         reward_model=args.reward_model,
         weights=args.weights,

@@ -18,6 +18,7 @@ from autotune.commands.arguments import (
     options_from,
 )
 from autotune.formats.rollout import ROLLOUT_ENGINES
+from autotune.formats.target import TARGETS
 
 __all__ = ["add_parser", "run"]
 
@@ -36,6 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "by Ctrl-C or SIGTERM (the report holds what was measured; run again to resume).",
         [
             "autotune run --space cpu-tiny --trials 12",
+            "autotune run --engine trl --target trl --space trl-cpu-tiny --trials 8",
             "autotune run --model llama-2-7b --gpus 2 --time-budget 8h",
             "autotune run --space seed-4xa100-40g-13b-fsdp --parallel 2 "
             "--storage journal:reports/13b.journal",
@@ -135,6 +137,13 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="search the rollout batch too, which verl does not read (by default it is held at one value: "
         "the export carries no key for it); the report then splits the gain into verl's knobs and the rest",
+    )
+    parser.add_argument(
+        "--target",
+        choices=TARGETS,
+        default="verl",
+        help="the trainer the export is for: verl (best_config.yaml and verl_overrides.txt; default) or trl "
+        "(best_config.yaml and trl_config.yaml for TRL's GRPOTrainer)",
     )
     parser.add_argument(
         "--rollout-engine",

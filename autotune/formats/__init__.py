@@ -1,3 +1,4 @@
-"""The files autotune writes and reads back: the seed schema (best_config.yaml) and verl overrides."""
+"""The files autotune writes and reads back: the seed schema (best_config.yaml), verl overrides and TRL's
+trl_config.yaml."""
 
-__all__ = ["read", "rollout", "seed_yaml", "target", "verl", "verl_table"]
+__all__ = ["read", "rollout", "seed_yaml", "target", "trl", "verl", "verl_table"]

@@ -1,5 +1,5 @@
-"""Read any config file autotune knows: the seed schema (the article's YAML, best_config.yaml) or verl
-overrides.
+"""Read any config file autotune knows: the seed schema (the article's YAML, best_config.yaml), verl
+overrides, or TRL's trl_config.yaml.
 
     target = read_target(Path("best_config.yaml"))     # or verl_overrides.txt
     target.config, target.sharding, target.measured, target.findings   # findings: unknown keys and the like
@@ -26,6 +26,7 @@ from autotune.config.knobs import DEFAULT_HEADROOM
 from autotune.errors import UserError
 from autotune.formats.seed_yaml import read_seed
 from autotune.formats.target import DEFAULT_LAYOUT, Measured, Target, looks_like_overrides
+from autotune.formats.trl import looks_like_trl, read_trl_config
 from autotune.formats.verl import read_overrides
 from autotune.units import GIB
 
@@ -56,6 +57,8 @@ def read_target(path: Path, gpus: int | None = None) -> Target:
             f"config '{path}' is neither best_config.yaml's schema (a mapping of knobs) nor verl "
             f"overrides (key=value lines)"
         )
+    if looks_like_trl(data):
+        return read_trl_config(data, path, text, gpus)
     target = read_seed(data, path, gpus)
     target.measured = read_measured(data.get("measured"))
     return target if _names_sharding(data) else _default_layout(target)

@@ -9,7 +9,9 @@ from typing import Any
 from autotune.config.knobs import DEFAULT_HEADROOM, ProbeConfig
 from autotune.config.rules import Finding
 
-__all__ = ["ASSUMED", "DEFAULT_LAYOUT", "Measured", "Target", "looks_like_overrides"]
+__all__ = ["ASSUMED", "DEFAULT_LAYOUT", "TARGETS", "Measured", "Target", "looks_like_overrides"]
+
+TARGETS = ("verl", "trl")  # the trainers a study exports for (--target)
 
 # What a file that names no sharding runs as: verl always holds the states with FSDP, full-shard over every
 # GPU unless told otherwise (fsdp_size -1, reshard_after_forward true). Both formats read an absent key so.
@@ -43,7 +45,7 @@ class Measured:
 class Target:
     """A config file read back: the configuration, the model and how its training states are held."""
 
-    kind: str  # "seed schema" | "verl overrides"
+    kind: str  # "seed schema" | "verl overrides" | "TRL config"
     config: ProbeConfig | None  # None: an override file without the sizes the memory model needs
     model: str | None = None
     reward_model: str | None = None

@@ -1,3 +1,14 @@
 """The probe, tuner side: launch a probe's ranks in their own process group, time it out, classify it."""
 
-__all__ = ["classify", "conditions", "contract", "devices", "forkserver", "launcher", "rank", "verl"]
+__all__ = [
+    "classify",
+    "conditions",
+    "contract",
+    "devices",
+    "engines",
+    "forkserver",
+    "launcher",
+    "rank",
+    "trl",
+    "verl",
+]

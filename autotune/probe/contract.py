@@ -15,7 +15,7 @@ from autotune.units import GIB
 
 __all__ = ["ENGINES", "MMAP_THRESHOLD", "OOM_EXIT_CODE", "ProbeResult", "ProbeSettings"]
 
-ENGINES = ("builtin", "verl")  # what runs a probe (--engine)
+ENGINES = ("builtin", "verl", "trl")  # what runs a probe (--engine)
 
 OOM_EXIT_CODE = 3  # a rank that caught an out-of-memory exception, after writing its result
 # CPU ranks serve allocations from this size up with their own mappings (glibc's M_MMAP_THRESHOLD): a freed
@@ -43,6 +43,7 @@ class ProbeSettings:
     threads_per_rank: int | None = None  # CPU threads per rank (a --parallel slot's share of the cores)
     engine: str = "builtin"  # one of ENGINES: autotune's own PPO iteration, or verl itself (GPU machines)
     verl_python: str | None = None  # the verl environment's python (--verl-python), for engine "verl"
+    trl_python: str | None = None  # the TRL environment's python (--trl-python; None: this one), engine "trl"
 
 
 @dataclass

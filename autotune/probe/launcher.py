@@ -41,7 +41,7 @@ FAILURE_GRACE_SECONDS = 5.0
 POLL_SECONDS = 0.05
 STDERR_TAIL_CHARS = 4000
 
-__all__ = ["kill_group", "run_probe", "runner_path", "summarize"]
+__all__ = ["kill_group", "run_probe", "run_ranks", "runner_path", "summarize"]
 
 log = logging.getLogger(__name__)
 Rank = subprocess.Popen | ForkedRank  # both: pid, poll(), wait(), returncode
@@ -86,6 +86,7 @@ def _spawn_ranks(
     settings: ProbeSettings,
     program: Path,
     server: forkserver.ForkServer | None = None,
+    python: str = sys.executable,
 ) -> list[Rank]:
     port = free_port()
     argv = [str(program), "--job", str(job_path), "--out", str(out_dir)]
@@ -93,7 +94,7 @@ def _spawn_ranks(
     envs = [_rank_env(rank, settings, port) for rank in ranks]
     logs = [out_dir / f"stderr.rank{rank}.txt" for rank in ranks]
     forked = _fork_ranks(server, argv, envs, logs) if server else None
-    return [*forked] if forked else [*_popen_ranks(argv, envs, logs)]
+    return [*forked] if forked else [*_popen_ranks(python, argv, envs, logs)]
 
 
 def _fork_ranks(
@@ -112,14 +113,16 @@ def _fork_ranks(
     return ranks
 
 
-def _popen_ranks(argv: list[str], envs: list[dict[str, str]], logs: list[Path]) -> list[subprocess.Popen]:
+def _popen_ranks(
+    python: str, argv: list[str], envs: list[dict[str, str]], logs: list[Path]
+) -> list[subprocess.Popen]:
     procs: list[subprocess.Popen] = []
     for env, path in zip(envs, logs, strict=True):
         stderr = open(path, "wb")  # noqa: SIM115 - closed by the child's exit
         # Own process group, not the terminal's: Ctrl-C reaches the tuner, not the probe; killpg reaches all.
         procs.append(
             subprocess.Popen(
-                [sys.executable, *argv],
+                [python, *argv],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=stderr,
@@ -183,18 +186,38 @@ def run_probe(
         from autotune.probe.verl.backend import run_verl_probe
 
         return run_verl_probe(config, settings, cancel)
-    program = program or runner_path()
+    if settings.engine == "trl":
+        from autotune.probe.trl import trl_job, trl_python
+
+        program = runner_path("trl_probe.py")
+        return run_ranks(config, settings, program, cancel, trl_python(settings), trl_job(config, settings))
+    return run_ranks(config, settings, program or runner_path(), cancel)
+
+
+def run_ranks(
+    config: ProbeConfig,
+    settings: ProbeSettings,
+    program: Path,
+    cancel: threading.Event | None = None,
+    python: str | None = None,
+    job: dict[str, Any] | None = None,
+) -> ProbeResult:
+    """Run `program`'s ranks with `python` (default this interpreter, forked from the warm server) on a job
+    of the config, the settings and `job`'s entries, and classify what they leave."""
     with tempfile.TemporaryDirectory(prefix="autotune-probe-") as tmp:
         out_dir = Path(tmp)
         job_path = out_dir / "job.json"
-        job_path.write_text(json.dumps({"config": config.to_dict(), "settings": asdict(settings)}))
-        server = forkserver.get()  # started once per tuner, before the clock: not this probe's cost
+        job_path.write_text(
+            json.dumps({"config": config.to_dict(), "settings": asdict(settings), **(job or {})})
+        )
+        own_python = python in (None, sys.executable)
+        server = forkserver.get() if own_python else None  # started once per tuner, before the clock
         load_start, gpus = (
             load_average(),
             gpu_others(settings.visible_devices) if settings.device == "cuda" else None,
         )
         started = time.monotonic()
-        procs = _spawn_ranks(job_path, out_dir, settings, program, server)
+        procs = _spawn_ranks(job_path, out_dir, settings, program, server, python or sys.executable)
         forked = [p for p in procs if isinstance(p, ForkedRank)]
         try:
             timed_out = _wait(procs, settings.timeout_seconds, cancel)

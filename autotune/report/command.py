@@ -36,6 +36,7 @@ class ReportOptions:
     confirm_iterations: int = 6
     device: str = "auto"
     verl_python: str | None = None  # --confirm of a study probed with --engine verl
+    trl_python: str | None = None  # --confirm of a study probed with --engine trl
 
 
 def load_existing_study(storage: str, name: str) -> optuna.Study:
@@ -62,7 +63,7 @@ def confirm_winner(
     plan = study_plan(study)
     device = resolve_device(options.device, plan.gpus)
     probed_as = (  # as the study probed, or, for a study `run` did not make, by what it says
-        plan.probe_settings(device, verl_python=options.verl_python)
+        plan.probe_settings(device, verl_python=options.verl_python, trl_python=options.trl_python)
         if plan.settings
         else ProbeSettings(
             model=plan.model, reward_model=plan.reward_model, world_size=plan.gpus, device=device
@@ -71,10 +72,9 @@ def confirm_winner(
     settings = dataclasses.replace(
         probed_as, iterations=options.confirm_iterations, memory_budget_gib=budget.bytes / GIB
     )
-    if settings.engine == "verl":
-        from autotune.probe.verl.install import check_verl_python
+    from autotune.probe.engines import check_engine_environment
 
-        check_verl_python(options.verl_python)
+    check_engine_environment(settings)
     excluded: list[int] = []
     while (chosen := select(study, budget, excluded).chosen) is not None:
         rivals = gain.hand_made_rivals(study.get_trials(deepcopy=False), chosen)

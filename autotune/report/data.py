@@ -20,6 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.formats.rollout import RolloutEngine, rollout_engine
 from autotune.formats.seed_yaml import seed_document, seed_yaml
+from autotune.formats.trl import trl_config_text
 from autotune.formats.verl import VerlOverrides, verl_overrides
 from autotune.memory.advice import remedies
 from autotune.memory.budget import Budget
@@ -104,6 +105,7 @@ class ReportData:
     headline: gain.Headline | None = None  # the recommended config's figures as every file states them
     near_misses: list[NearMiss] = field(default_factory=list)
     disturbed: list[tuple[FrozenTrial, str]] = field(default_factory=list)  # probes other work slowed
+    trl_config: str | None = None  # trl_config.yaml, for a study whose target is TRL
 
     @property
     def complete(self) -> list[FrozenTrial]:
@@ -125,7 +127,7 @@ def build_report(
         (chosen.user_attrs.get(Attr.RESULT) or {}).get("world_size") if chosen else None
     ) or plan.gpus
     plan = dataclasses.replace(plan, gpus=int(measured_gpus))  # the GPUs the winner was measured on
-    document = verl = engine = figures = None
+    document = verl = engine = figures = trl_config = None
     if chosen is not None:
         config = trial_config_of(chosen)
         figures = gain.headline(study, chosen)
@@ -133,6 +135,9 @@ def build_report(
         measured = measured_block(chosen, study.study_name, plan.gpus, budget, created, figures)
         document = seed_document(config, plan.model, plan.reward_model, measured, engine, gpus=plan.gpus)
         verl = verl_overrides(config, plan.gpus, verl_model_path(plan.model), engine)
+        if plan.target == "trl":
+            device = (chosen.user_attrs.get(Attr.RESULT) or {}).get("device", "cuda")
+            trl_config = trl_config_text(config, plan.gpus, verl_model_path(plan.model), device)
     return ReportData(
         study_name=study.study_name,
         plan=plan,
@@ -145,6 +150,7 @@ def build_report(
         model_error=memory_model_error(study),
         best_config=document,
         verl=verl,
+        trl_config=trl_config,
         engine=engine,
         created=created,
         advice={t.number: advice(t, budget) for t in selection.closest},

@@ -186,6 +186,11 @@ def closest_table(report: ReportData) -> Table:
     return headers, rows
 
 
+def trainer_of(report: ReportData) -> str:
+    """The trainer the study exports for, as lines name it."""
+    return "TRL" if report.plan.target == "trl" else "verl"
+
+
 def gains_table(report: ReportData) -> Table:
     headers = [
         "hand-made config",
@@ -194,7 +199,7 @@ def gains_table(report: ReportData) -> Table:
         "samples/s",
         "peak GiB",
         "tuned / hand-made",
-        "from verl's knobs",
+        f"from {trainer_of(report)}'s knobs",
         "measured",
     ]
     rows = []
@@ -391,7 +396,7 @@ def gain_lines(report: ReportData) -> list[str]:
     for g in report.gains:
         busy = f"; during those probes {'; '.join(g.conditions)}" if g.conditions else ""
         if g.verl is not None:
-            lines.append(_back_to_back_line(g, busy))
+            lines.append(_back_to_back_line(g, busy, trainer_of(report)))
         elif g.ratio:
             basis = (
                 "first measurements, not back to back: the machine's load at each probe may account for "
@@ -401,7 +406,7 @@ def gain_lines(report: ReportData) -> list[str]:
     return lines
 
 
-def _back_to_back_line(g: Gain, busy: str) -> str:
+def _back_to_back_line(g: Gain, busy: str, trainer: str = "verl") -> str:
     """`1.32x the samples/s of the hand-made config 'x' from verl's knobs (back to back: every pair of
     measurements 1.24-1.41x)`, or that no gain stands out of the probes' noise."""
     spread = g.verl
@@ -410,17 +415,17 @@ def _back_to_back_line(g: Gain, busy: str) -> str:
     extra = ""
     if g.probe_only is not None:
         extra = (
-            f"; {', '.join(not_verl_knobs())}, which verl does not read, made {g.probe_only.ratio:.2f}x more "
-            f"in the probe (not in a verl job)"
+            f"; {', '.join(not_verl_knobs())}, which {trainer} does not read, made {g.probe_only.ratio:.2f}x "
+            f"more in the probe (not in a {trainer} job)"
         )
     if not spread.beyond_noise:
         return (
-            f"no gain beyond the probes' noise over the hand-made config '{g.name}' from verl's knobs: "
+            f"no gain beyond the probes' noise over the hand-made config '{g.name}' from {trainer}'s knobs: "
             f"{spread.ratio:.2f}x ({pairs}){extra}{busy}."
         )
     return (
-        f"{spread.ratio:.2f}x the samples/s of the hand-made config '{g.name}' from the knobs verl reads "
-        f"({pairs}){extra}{busy}."
+        f"{spread.ratio:.2f}x the samples/s of the hand-made config '{g.name}' from the knobs {trainer} "
+        f"reads ({pairs}){extra}{busy}."
     )
 
 

@@ -7,6 +7,7 @@ Files:
 
     best_config.yaml     the seed's schema + a `measured:` block whose figures are the chosen trial's
     verl_overrides.txt   one Hydra override per line for `python -m verl.trainer.main_ppo` (verl 0.9.1)
+    trl_config.yaml      instead, for a study run with --target trl: GRPOConfig's fields for TRL 1.16
     trials.csv           every trial: state, status, knobs, params, figures, phases, seed name
     report.md            the same story as the HTML, in text
     report.html          self-contained (inline SVG plots, inline CSS, no scripts): opens offline
@@ -32,6 +33,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.errors import Unavailable, UserError
 from autotune.files import make_folder, write_whole
+from autotune.formats.trl import launch_line as trl_launch_line
 from autotune.formats.verl import format_overrides
 from autotune.memory.budget import Budget
 from autotune.report.data import ReportData, best_config_yaml, build_report, config_yaml
@@ -49,10 +51,33 @@ from autotune.study.plan import StudyPlan
 from autotune.study.trials import trial_status
 from autotune.units import GIB, gib
 
-__all__ = ["FILES", "SUMMARY_FILE", "ReportResult", "study_plan", "summary", "write_report"]
+__all__ = [
+    "EXPORTS",
+    "FILES",
+    "SUMMARY_FILE",
+    "ReportResult",
+    "files_for",
+    "study_plan",
+    "summary",
+    "write_report",
+]
 
-FILES = ("best_config.yaml", "verl_overrides.txt", "trials.csv", "report.md", "report.html", "summary.json")
+FILES = (
+    "best_config.yaml",
+    "verl_overrides.txt",
+    "trl_config.yaml",
+    "trials.csv",
+    "report.md",
+    "report.html",
+    "summary.json",
+)
 SUMMARY_FILE = "summary.json"
+EXPORTS = {"verl": "verl_overrides.txt", "trl": "trl_config.yaml"}  # the target trainer's file
+
+
+def files_for(target: str) -> tuple[str, ...]:
+    """What a report with a recommendation writes for a study that exports for `target`."""
+    return tuple(name for name in FILES if name not in EXPORTS.values() or name == EXPORTS[target])
 
 
 @dataclass
@@ -114,7 +139,10 @@ def write_report(
     }
     if report.best_config is not None and report.verl is not None:
         texts["best_config.yaml"] = best_config_yaml(report)
-        texts["verl_overrides.txt"] = format_overrides(report.verl.values)
+        if report.trl_config is not None:
+            texts["trl_config.yaml"] = report.trl_config
+        else:
+            texts["verl_overrides.txt"] = format_overrides(report.verl.values)
     written = [name for name in FILES if name in texts] + [SUMMARY_FILE]
     texts[SUMMARY_FILE] = json.dumps(summary(report, out_dir, written, run), indent=2) + "\n"
     files = {}
@@ -140,6 +168,13 @@ def write_report(
         report.selection.closest,
         summary_lines(report, out_dir, files),
     )
+
+
+def export_launch(report: ReportData, out_dir: Path) -> str:
+    """The command that starts the target trainer on the exported file."""
+    if report.trl_config is not None:
+        return trl_launch_line(str((out_dir / "trl_config.yaml").resolve()), report.plan.gpus)
+    return launch_line(report, str((out_dir / "verl_overrides.txt").resolve()))
 
 
 def summary_lines(report: ReportData, out_dir: Path, files: dict[str, Path]) -> list[str]:
@@ -172,10 +207,9 @@ def summary_lines(report: ReportData, out_dir: Path, files: dict[str, Path]) -> 
     if run_log.exists():
         lines += [f"  {run_log.resolve()}"]
     if chosen is not None:
-        lines += [
-            "start verl on it (replace the /path/to/ parts):",
-            "  " + launch_line(report, str((out_dir / "verl_overrides.txt").resolve())),
-        ]
+        trainer = "TRL" if report.trl_config is not None else "verl"
+        lines += [f"start {trainer} on it (replace the /path/to/ parts):"]
+        lines += ["  " + export_launch(report, out_dir)]
     return lines
 
 
@@ -231,5 +265,5 @@ def summary(
         "trials": dict(sorted(Counter(trial_status(t) for t in report.trials).items())),
         "cost": report.cost,
         "files": {name: str((out_dir / name).resolve()) for name in written},
-        "launch": launch_line(report, str((out_dir / "verl_overrides.txt").resolve())) if chosen else None,
+        "launch": export_launch(report, out_dir) if chosen else None,
     }

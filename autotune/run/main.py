@@ -82,6 +82,7 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
         check_same_job(study, job.identity)
         export = {
             "rollout_engine": options.rollout_engine,
+            "target": options.target,
             "model_parameters": job.memory_model.arch.actor_parameters,
             "attention_heads": job.memory_model.arch.heads,
         }

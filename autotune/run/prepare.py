@@ -29,7 +29,7 @@ from autotune.memory.budget import Budget
 from autotune.memory.model import MemoryModel
 from autotune.probe.contract import ProbeSettings
 from autotune.space.model import SearchSpace, batch_value_problem, space_from_dict
-from autotune.space.specs import MINI, OFFLOAD_KNOBS, TP, TRAIN
+from autotune.space.specs import MINI, OFFLOAD_KNOBS, SYSTEM_KNOBS, TP, TRAIN
 from autotune.units import GIB
 
 __all__ = [
@@ -102,7 +102,9 @@ class RunOptions:
     gain_rounds: int = 2  # back-to-back rounds of the recommended and hand-made configs at the end (0: none)
     engine: str = "builtin"  # what runs a probe: autotune's PPO iteration, or verl itself (--verl-python)
     verl_python: str | None = None
+    trl_python: str | None = None
     search_unexported: bool = False  # search knobs verl does not read (the rollout batch) all the same
+    target: str = "verl"  # the trainer the export is for (formats.target.TARGETS)
 
 
 def default_study_name(space_name: str, model: str, gpus: int, fingerprint: str) -> str:
@@ -126,6 +128,21 @@ def probe_settings(space, options: RunOptions, device: str) -> ProbeSettings:
         trust_remote_code=options.trust_remote_code,
         engine=options.engine,
         verl_python=options.verl_python,
+        trl_python=options.trl_python,
+    )
+
+
+def announce_trl(trl_python: str | None, console: Console) -> None:
+    """Check the TRL environment before anything else, and say what the TRL engine measures."""
+    from autotune.probe.trl import check_trl_python
+
+    version = check_trl_python(trl_python)
+    console.print(
+        f"probing with TRL {version}: each trial runs TRL's GRPOTrainer for the warm-up and measured rounds; "
+        f"samples/sec from TRL's own step_time",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
     )
 
 
@@ -192,10 +209,14 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
 
     space, lengths = resolve_space(options, console)
     check_engine_knobs(space, options.engine)
-    space = hold_unexported(space, options.search_unexported, console)
+    if options.target == "trl" or options.engine == "trl":
+        check_trl_space(space)
+    space = hold_unexported(space, options.search_unexported, console, options.target)
     device = resolve_device(options.device, space.gpus)
     if options.engine == "verl":
         announce_verl(options.verl_python, device, console)
+    if options.engine == "trl":
+        announce_trl(options.trl_python, console)
     space = without_unmeasurable_offload(space, device, console)
     check_offload(space, device)
     actor = resolve_model(space.model, options.weights, options.trust_remote_code)
@@ -312,16 +333,21 @@ def without_unmeasurable_offload(space: SearchSpace, device: str, console: Conso
     return space_from_dict(data, source=space.source, cores=space.cores, name=space.name)
 
 
-def hold_unexported(space: SearchSpace, search_anyway: bool, console: Console) -> SearchSpace:
-    """Knobs verl has no key for (autotune.formats.verl_table: the rollout batch) change nothing in the job
-    the study hands over, so a study does not spend probes on them: each is held at one value, the first
-    hand-made config's when the space offers it (that config is then probed as written), else the space's
-    largest (verl generates a step's prompts together). Hand-made configs with another value are probed at the
-    held one, as verl would run them. `search_anyway` (--search-unexported) searches them all the same; the
-    report then splits the gain into what verl's knobs make and what these make."""
+def hold_unexported(
+    space: SearchSpace, search_anyway: bool, console: Console, target: str = "verl"
+) -> SearchSpace:
+    """Knobs the target trainer has no key for (autotune.formats.verl_table: the rollout batch; for TRL,
+    autotune.formats.trl: the rollout batch and the log-prob micro batch) change nothing in the job the study
+    hands over, so a study does not spend probes on them: each is held at one value, the first hand-made
+    config's when the space offers it (that config is then probed as written), else the space's largest (verl
+    generates a step's prompts together). Hand-made configs with another value are probed at the held one, as
+    the trainer would run them. `search_anyway` (--search-unexported) searches them all the same; the report
+    then splits the gain into what the trainer's knobs make and what these make."""
+    from autotune.formats.trl import not_trl_knobs
     from autotune.formats.verl_table import not_verl_knobs
 
-    searched = [name for name in not_verl_knobs() if space.knob(name).searched]
+    unread, trainer = (not_trl_knobs(), "TRL") if target == "trl" else (not_verl_knobs(), "verl")
+    searched = [name for name in unread if name in SYSTEM_KNOBS and space.knob(name).searched]
     if search_anyway or not searched:
         return space
     data = copy.deepcopy(dict(space.raw))
@@ -335,8 +361,8 @@ def hold_unexported(space: SearchSpace, search_anyway: bool, console: Console) -
             raw[name] = held
         whose = "the space's largest" if source is None else "a hand-made config's"
         console.print(
-            f"note: {name} held at {held} ({whose}): verl has no such knob, so searching it would not change "
-            f"the job handed over; --search-unexported searches it anyway"
+            f"note: {name} held at {held} ({whose}): {trainer} has no such knob, so searching it would not "
+            f"change the job handed over; --search-unexported searches it anyway"
             + (f"; hand-made {', '.join(repr(r['name']) for r in moved)} probed at {held}" if moved else ""),
             soft_wrap=True,
             markup=False,
@@ -379,6 +405,24 @@ def check_engine_knobs(space: SearchSpace, engine: str) -> None:
             f"(the built-in probe has no vLLM pool, tensor-parallel rollout or dynamic batching): run with "
             f"--engine verl --verl-python PATH, or leave them out"
         )
+
+
+def check_trl_space(space: SearchSpace) -> None:
+    """Refuse, in one line, a space TRL's GRPOTrainer cannot run as the study would measure it: not GRPO, one
+    completion per prompt, sharding or offload (accelerate's config, not GRPOConfig), or a hand-made config
+    GRPOConfig refuses."""
+    from autotune.config.rules import raise_for
+    from autotune.formats.trl import trl_findings
+
+    held = [name for name in ("sharding", *OFFLOAD_KNOBS) if len(space.knob(name).values()) > 1]
+    if held:
+        raise UserError(
+            f"{space.source}: knobs {', '.join(held)} are searched, but TRL holds the states by accelerate's "
+            f"config, which the TRL export does not write: fix them (sharding: replicate, no offload)"
+        )
+    first = ProbeConfig(**space.fixed_fields)
+    seeds = [finding for seed in space.seed_configs for finding in trl_findings(seed.config, space.gpus)]
+    raise_for(trl_findings(first, space.gpus) + seeds)
 
 
 def rollout_card_bytes(engine: str, device: str, budget: Budget) -> float | None:

@@ -32,6 +32,7 @@ class WorkerOptions:
     out: Path = Path("reports")
     trust_remote_code: bool = False
     verl_python: str | None = None  # this machine's verl environment, for a study probed with --engine verl
+    trl_python: str | None = None  # this machine's TRL environment, for a study probed with --engine trl
 
 
 def check_shared_storage(storage: str, study: str) -> None:
@@ -58,13 +59,16 @@ def stored_plan(study, name: str, storage: str) -> StudyPlan:
 
 
 def worker_settings(
-    plan: StudyPlan, device: str, trust_remote_code: bool, verl_python: str | None = None
+    plan: StudyPlan,
+    device: str,
+    trust_remote_code: bool,
+    verl_python: str | None = None,
+    trl_python: str | None = None,
 ) -> ProbeSettings:
-    settings = plan.probe_settings(device, trust_remote_code, verl_python)
-    if settings.engine == "verl":
-        from autotune.probe.verl.install import check_verl_python
+    from autotune.probe.engines import check_engine_environment
 
-        check_verl_python(verl_python)
+    settings = plan.probe_settings(device, trust_remote_code, verl_python, trl_python)
+    check_engine_environment(settings)
     if settings.prompts_file and not Path(settings.prompts_file).is_file():
         raise UserError(
             f"the study's probes read their prompts from {settings.prompts_file} (autotune run --data), "
@@ -102,7 +106,9 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
         )
     device = resolve_device(options.device, space.gpus)
     check_offload(space, device)
-    settings = worker_settings(plan, device, options.trust_remote_code, options.verl_python)
+    settings = worker_settings(
+        plan, device, options.trust_remote_code, options.verl_python, options.trl_python
+    )
     actor = resolve_model(space.model, settings.weights, options.trust_remote_code)
     reward = resolve_reward_model(space.reward_model)
     here = machine_identity(actor, reward, device_label(device), space.gpus)  # the study's job, or another?

@@ -27,7 +27,14 @@ from autotune.status import StudyAttr
 
 __all__ = ["LOCAL_SETTINGS", "StudyPlan", "check_same_job"]
 
-LOCAL_SETTINGS = ("device", "visible_devices", "threads_per_rank", "trust_remote_code", "verl_python")
+LOCAL_SETTINGS = (
+    "device",
+    "visible_devices",
+    "threads_per_rank",
+    "trust_remote_code",
+    "verl_python",
+    "trl_python",
+)
 # What studies made before the plan existed stored instead (read, never written).
 _LEGACY_PROBE_PLAN, _LEGACY_CONTEXT = "probe_plan", "report_context"
 
@@ -45,6 +52,7 @@ class StudyPlan:
     trials: int | None = None
     identity: dict[str, Any] = field(default_factory=dict)  # what the measurements depend on
     rollout_engine: str = "vllm"  # verl's rollout.name for the export
+    target: str = "verl"  # the trainer the export is for: verl_overrides.txt or trl_config.yaml
     model_parameters: int | None = None  # the actor's: the rollout engine's tensor parallel size needs it
     attention_heads: int | None = None  # the actor's: the tensor parallel size must divide them (vLLM)
     recipe: dict[str, Any] = field(default_factory=dict)  # what the study trains (SearchSpace.recipe)
@@ -82,10 +90,18 @@ class StudyPlan:
         return None if self.budget_bytes is None else Budget(int(self.budget_bytes), float(self.headroom))
 
     def probe_settings(
-        self, device: str, trust_remote_code: bool = False, verl_python: str | None = None
+        self,
+        device: str,
+        trust_remote_code: bool = False,
+        verl_python: str | None = None,
+        trl_python: str | None = None,
     ) -> ProbeSettings:
         return ProbeSettings(
-            **self.settings, device=device, trust_remote_code=trust_remote_code, verl_python=verl_python
+            **self.settings,
+            device=device,
+            trust_remote_code=trust_remote_code,
+            verl_python=verl_python,
+            trl_python=trl_python,
         )
 
     def save(self, study: optuna.Study) -> None:

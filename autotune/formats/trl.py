@@ -1,0 +1,320 @@
+"""The TRL export (`--target trl`): which knob TRL 1.16's GRPOTrainer reads, and the trl_config.yaml it takes.
+
+    fields = trl_fields(config, gpus=2)          # TrlFields(grpo={...GRPOConfig}, peft={...ModelConfig})
+    text = trl_config_text(config, gpus=2, model="Qwen/Qwen2.5-0.5B", device="cuda")
+    trl grpo --config trl_config.yaml --dataset_name DATA --reward_funcs REWARD   # 1 GPU (see launch_line)
+
+One table (ROUTES) says, for every knob of a configuration, the TRL field that carries it and where TRL reads
+it, or why TRL has no field for it. The export writes exactly the fields of the routes that read; the tests
+prove each with TRL's own objects (GRPOConfig after its checks, the GRPOTrainer built from it), and that
+changing any other knob leaves the export unchanged.
+
+Counting, as TRL counts: a generation round makes `generation_batch_size` completions over all processes
+(autotune's train batch T); each optimizer step takes `per_device_train_batch_size` × accumulation steps ×
+processes of them (the mini batch M); so one round feeds T/M optimizer steps, as a verl iteration does.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.config.knobs import ProbeConfig, mini_batch_size
+from autotune.config.rules import Finding
+from autotune.errors import UserError
+from autotune.formats.target import Target
+
+__all__ = [
+    "ROUTES",
+    "TRL_VERSION",
+    "TrlFields",
+    "launch_line",
+    "looks_like_trl",
+    "not_trl_knobs",
+    "read_trl_config",
+    "trl_config_text",
+    "trl_fields",
+    "trl_findings",
+]
+
+TRL_VERSION = "1.16.0"
+GRPO_TRAINER = "trl/trainer/grpo_trainer.py"
+GRPO_CONFIG = "trl/trainer/grpo_config.py"
+
+
+@dataclass(frozen=True)
+class Route:
+    """One knob: the TRL fields that carry it (none: TRL has no such knob), and where TRL reads them."""
+
+    knob: str
+    fields: tuple[str, ...]
+    where: str  # TRL's source that reads the field, or why there is none
+
+    @property
+    def reads(self) -> bool:
+        return bool(self.fields)
+
+
+ROUTES = (
+    Route(
+        "train_batch_size",
+        ("generation_batch_size",),
+        f"{GRPO_CONFIG} GRPOConfig.__post_init__ derives steps_per_generation from it; "
+        f"{GRPO_TRAINER} get_train_dataloader loads that many completions' prompts per round",
+    ),
+    Route(
+        "micro_batch_size",
+        ("per_device_train_batch_size",),
+        f"{GRPO_TRAINER} training_step's micro batch, and the chunk of the old and reference log-prob "
+        f"passes (_generate_and_score_completions: batch_size = per_device_train_batch_size)",
+    ),
+    Route(
+        "gradient_accumulation_steps",
+        ("gradient_accumulation_steps",),
+        "transformers Trainer: micro-steps per optimizer step (GRPOTrainer.training_step times them as one)",
+    ),
+    Route(
+        "rollout_n",
+        ("num_generations",),
+        f"{GRPO_TRAINER} RepeatSampler: each prompt is repeated num_generations times, and rewards are "
+        f"normalised within each group",
+    ),
+    Route(
+        "max_response_length",
+        ("max_completion_length",),
+        f"{GRPO_TRAINER} _generate: max_new_tokens of the GenerationConfig",
+    ),
+    Route(
+        "kl_coef",
+        ("beta",),
+        f"{GRPO_TRAINER} GRPOTrainer.__init__: a reference model is loaded only when beta != 0; "
+        f"_compute_loss adds beta × KL",
+    ),
+    Route(
+        "gradient_checkpointing",
+        ("gradient_checkpointing",),
+        "transformers Trainer: gradient_checkpointing_enable on the policy (transformers 5 names it "
+        "activation_checkpointing and reads this name as its alias)",
+    ),
+    Route(
+        "num_rollout_workers",
+        ("dataloader_num_workers",),
+        "transformers Trainer._get_dataloader: DataLoader workers of the prompt loader",
+    ),
+    Route("use_lora", ("use_peft",), "trl/scripts/grpo.py: get_peft_config(ModelConfig) → GRPOTrainer"),
+    Route("lora_r", ("lora_r",), "trl/trainer/utils.py get_peft_config: LoraConfig(r=lora_r)"),
+    Route("lora_alpha", ("lora_alpha",), "trl/trainer/utils.py get_peft_config: LoraConfig(lora_alpha=...)"),
+    Route(
+        "rollout_batch_size",
+        (),
+        "TRL generates each process's share of a round in one generate call: no chunk size to set",
+    ),
+    Route(
+        "log_prob_micro_batch_size",
+        (),
+        "TRL's forward-only passes use per_device_train_batch_size: no separate micro batch",
+    ),
+    Route(
+        "max_prompt_length",
+        (),
+        "TRL 1.16 has no prompt limit: the prompts' length is the data's",
+    ),
+    Route("algorithm", (), "GRPOTrainer trains GRPO only"),
+    *(
+        Route(name, (), "accelerate's FSDP or DeepSpeed config, not GRPOConfig: the TRL export runs DDP")
+        for name in ("sharding", "param_offload", "optimizer_offload", "offload_policy")
+    ),
+    *(
+        Route(name, (), "a verl knob: TRL's vLLM settings are not searched by autotune")
+        for name in (
+            "gpu_memory_utilization",
+            "tensor_model_parallel_size",
+            "max_num_seqs",
+            "use_dynamic_bsz",
+            "ppo_max_token_len_per_gpu",
+        )
+    ),
+)
+PEFT_FIELDS = ("use_peft", "lora_r", "lora_alpha")
+ROUTE_OF = {route.knob: route for route in ROUTES}
+
+
+@dataclass(frozen=True)
+class TrlFields:
+    """What the export writes: GRPOConfig's fields, and ModelConfig's LoRA fields (empty without LoRA)."""
+
+    grpo: dict[str, Any]
+    peft: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"grpo": self.grpo, "peft": self.peft}
+
+
+def not_trl_knobs() -> tuple[str, ...]:
+    """The configuration's knobs TRL has no field for."""
+    return tuple(route.knob for route in ROUTES if not route.reads)
+
+
+def trl_fields(config: ProbeConfig, gpus: int) -> TrlFields:
+    """The fields of every route that reads, with the configuration's values (LoRA's only when it is on)."""
+    values: dict[str, Any] = {
+        "generation_batch_size": config.train_batch_size,
+        "per_device_train_batch_size": config.micro_batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "num_generations": config.rollout_n,
+        "max_completion_length": config.max_response_length,
+        "beta": float(config.kl_coef),
+        "gradient_checkpointing": bool(config.gradient_checkpointing),
+        "dataloader_num_workers": config.num_rollout_workers,
+    }
+    peft = (
+        {"use_peft": True, "lora_r": config.lora_r, "lora_alpha": config.lora_alpha}
+        if config.use_lora
+        else {}
+    )
+    grpo = {name: value for name, value in values.items() if name not in PEFT_FIELDS}
+    return TrlFields(grpo=grpo, peft=peft)
+
+
+def trl_findings(config: ProbeConfig, gpus: int) -> list[Finding]:
+    """What TRL's GRPOConfig would refuse, or what the TRL export cannot carry, each with its fix."""
+    found = [
+        Finding("trl", problem, fix, key=key, value=getattr(config, key))
+        for key, problem, fix in _trl_rules(config, gpus)
+    ]
+    return found
+
+
+def _trl_rules(c: ProbeConfig, gpus: int) -> list[tuple[str, str, str]]:
+    rules = []
+    if c.algorithm != "grpo":
+        rules.append(
+            ("algorithm", f"algorithm={c.algorithm}: TRL's GRPOTrainer trains GRPO", "algorithm: grpo")
+        )
+    if c.rollout_n < 2:
+        rules.append(
+            (
+                "rollout_n",
+                f"rollout_n={c.rollout_n}: GRPO needs at least 2 completions per prompt",
+                "rollout_n: 4",
+            )
+        )
+    step = c.micro_batch_size * gpus
+    if c.train_batch_size % step:
+        rules.append(
+            (
+                "train_batch_size",
+                f"train_batch_size={c.train_batch_size} (TRL's generation_batch_size) is not whole micro "
+                f"batches of {c.micro_batch_size} on {gpus} process(es)",
+                f"a multiple of {step}",
+            )
+        )
+    elif c.train_batch_size % c.rollout_n:
+        rules.append(
+            (
+                "train_batch_size",
+                f"train_batch_size={c.train_batch_size} is not whole groups of rollout_n={c.rollout_n}",
+                f"a multiple of {c.rollout_n}",
+            )
+        )
+    if c.train_batch_size % mini_batch_size(c, gpus):
+        rules.append(
+            (
+                "gradient_accumulation_steps",
+                f"mini batch {mini_batch_size(c, gpus)} does not divide train_batch_size="
+                f"{c.train_batch_size}: a generation round would end inside an optimizer step",
+                "a mini batch that divides the train batch",
+            )
+        )
+    rules += [
+        (name, f"{name}={getattr(c, name)}: {ROUTE_OF[name].where}", f"{name}: {getattr(ProbeConfig, name)}")
+        for name in ("sharding", "param_offload", "optimizer_offload", "offload_policy")
+        if getattr(c, name) != getattr(ProbeConfig, name)
+    ]
+    return rules
+
+
+def trl_config_text(config: ProbeConfig, gpus: int, model: str | None, device: str) -> str:
+    """trl_config.yaml: the model, GRPOConfig's fields, LoRA's, and (measured on CPU) the CPU switches."""
+    fields = trl_fields(config, gpus)
+    header = [
+        f"# trl_config.yaml for TRL {TRL_VERSION}'s GRPOTrainer on {gpus} process(es), written by autotune.",
+        "# The recipe (generation batch, mini batch, completions per prompt, completion length, beta, LoRA)",
+        "# is the study's; the rest is what it measured fastest within the memory budget. Start it with:",
+        f"#   {launch_line('trl_config.yaml', gpus)}",
+        "# Prompts are not truncated by TRL 1.16: the study measured prompts of "
+        f"{config.max_prompt_length} tokens.",
+    ]
+    body: dict[str, Any] = {"model_name_or_path": model or "/path/to/model", **fields.grpo, **fields.peft}
+    if device == "cpu":  # measured so: a CPU run in fp32; on a GPU leave TRL's defaults (bf16)
+        body.update(use_cpu=True, bf16=False)
+    return "\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False)
+
+
+def launch_line(path: str, gpus: int) -> str:
+    """The command that starts TRL on the export; the dataset and reward are the user's own."""
+    rest = f"--config {path} --dataset_name /path/to/dataset --reward_funcs your_module.your_reward"
+    if gpus == 1:
+        return f"trl grpo {rest}"
+    return f"accelerate launch --multi_gpu --num_processes {gpus} -m trl.scripts.grpo {rest}"
+
+
+def looks_like_trl(data: dict[str, Any]) -> bool:
+    """A TRL config names its generations per prompt or its per-device batch (verl's and seed's do not)."""
+    return "num_generations" in data or "per_device_train_batch_size" in data
+
+
+FIELD_KNOB = {name: route.knob for route in ROUTES for name in route.fields}  # TRL field -> autotune knob
+CPU_FIELDS = ("use_cpu", "bf16")
+PROCESSES = re.compile(r"on (\d+) process\(es\)|--num_processes (\d+)")
+
+
+def read_trl_config(data: dict[str, Any], path: Path, text: str, gpus: int | None = None) -> Target:
+    """trl_config.yaml read back: the configuration it carries, on `gpus` processes (default: its header's,
+    else 1). A value TRL would refuse is a UserError; a field autotune does not know, a finding."""
+    found = PROCESSES.search(text)
+    processes = gpus or (int(next(g for g in found.groups() if g)) if found else 1)
+    values = {FIELD_KNOB[name]: value for name, value in data.items() if name in FIELD_KNOB}
+    unknown = sorted(set(data) - set(FIELD_KNOB) - {"model_name_or_path", *CPU_FIELDS})
+    if "generation_batch_size" not in data:
+        raise UserError(
+            f"config '{path}': a TRL config without generation_batch_size: add it (completions per "
+            f"generation round, all processes), as trl_config.yaml has it"
+        )
+    try:
+        config = ProbeConfig(algorithm="grpo", **{**_defaults(), **values})
+    except TypeError as exc:
+        raise UserError(f"config '{path}': {exc}") from None
+    findings = [
+        Finding(
+            "schema", f"{name}: not a field autotune reads", "check its spelling", severity="note", key=name
+        )
+        for name in unknown
+    ]
+    return Target(
+        kind="TRL config",
+        config=config,
+        model=data.get("model_name_or_path"),
+        sharding="none",
+        sharding_label="replicated (DDP, one process per GPU)",
+        gpus=processes,
+        findings=findings + trl_findings(config, processes),
+    )
+
+
+def _defaults() -> dict[str, Any]:
+    """TRL's own defaults for the fields a file may leave out (GRPOConfig, TRL 1.16)."""
+    return {
+        "micro_batch_size": 8,
+        "gradient_accumulation_steps": 1,
+        "rollout_n": 8,
+        "max_response_length": 512,
+        "kl_coef": 0.0,
+        "gradient_checkpointing": True,
+        "num_rollout_workers": 0,
+        "use_lora": False,
+    }

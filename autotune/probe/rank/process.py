@@ -1,0 +1,103 @@
+"""What every probe program does for itself as a process, whichever trainer it runs: read its job, write
+its result atomically, hand freed memory back on CPU, tell an out-of-memory error from a crash, and die with
+its tuner.
+
+    if __name__ == "__main__":
+        sys.exit(run_rank(measure))     # measure(job, rank, world_size) -> the rank's result dict
+
+Imported by the programs in `runners/` (in the child), never needed by the tuner itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autotune.probe.contract import MMAP_THRESHOLD, OOM_EXIT_CODE
+from autotune.status import Status
+
+__all__ = ["die_with_parent", "is_out_of_memory", "return_freed_memory", "run_rank", "write_result"]
+
+Measure = Callable[[dict[str, Any], int, int], dict[str, Any]]
+
+
+def run_rank(measure: Measure) -> int:
+    """One rank of a probe program: `--job JOB.json` in, `--out DIR/result.rank<R>.json` out; the exit code
+    is 0 (measured), OOM_EXIT_CODE (out of memory, result written) or a crash's (the exception propagates)."""
+    die_with_parent()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--job", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    started = time.time()
+    job = {**json.loads(args.job.read_text()), "out": str(args.out)}  # where the rank may write files
+    try:
+        result = measure(job, rank, world_size)
+    except BaseException as exc:
+        if not is_out_of_memory(exc):
+            raise
+        write_result(args.out, rank, oom_result(exc, job["settings"]["device"]))
+        print(f"rank {rank}: out of memory: {exc}", file=sys.stderr)
+        return OOM_EXIT_CODE
+    result["rank_seconds"] = time.time() - started
+    write_result(args.out, rank, result)
+    return 0
+
+
+def oom_result(exc: BaseException, device: str) -> dict[str, Any]:
+    from autotune.probe.rank.measure import peak_memory
+
+    first_line = str(exc).splitlines()[0] if str(exc) else "out of memory"
+    return {
+        "status": Status.OOM,
+        "oom_kind": "cuda" if device == "cuda" else "host",
+        "message": f"{type(exc).__name__}: {first_line}",
+        "peak": peak_memory(device, None),
+    }
+
+
+def write_result(out_dir: Path, rank: int, result: dict[str, Any]) -> None:
+    """Atomic write, so the parent never reads half a result."""
+    path = out_dir / f"result.rank{rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, path)
+
+
+def return_freed_memory() -> None:
+    """On CPU the resident set stands in for a device's memory: blocks above 64 KiB get their own mappings, so
+    a freed tensor leaves the resident set as it leaves a GPU allocator's live bytes (glibc would otherwise
+    keep small freed tensors on its heap, and the peak would count heap fragments, not tensors)."""
+    import ctypes
+
+    m_mmap_threshold = -3
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(m_mmap_threshold, MMAP_THRESHOLD)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """By exception type, never by message: torch's allocator OOM or the host's MemoryError."""
+    import torch
+
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError))
+
+
+def die_with_parent() -> None:
+    """If the tuner is killed (even by SIGKILL), take this rank down too instead of leaving an orphan."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)

@@ -1,0 +1,54 @@
+"""`--engine trl`: a probe that is TRL's own GRPOTrainer, run for a few steps on the candidate configuration.
+
+The ranks run `runners/trl_probe.py` with the TRL environment's python (`--trl-python`, default this one),
+started and judged as the built-in probe's are (autotune.probe.launcher: one process group, a wall-clock
+limit, the same result files and classification). The job carries the GRPOConfig fields the export writes
+(autotune.formats.trl), so a probe runs exactly what trl_config.yaml hands over.
+
+    version = check_trl_python(None)                  # "1.16.0"; UserError when TRL or autotune is missing
+    run_ranks(config, settings, runner_path("trl_probe.py"), python=trl_python(settings),
+              job=trl_job(config, settings))          # what autotune.probe.launcher.run_probe does
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from autotune.config.knobs import ProbeConfig
+from autotune.errors import UserError
+from autotune.formats.trl import TRL_VERSION, trl_fields
+from autotune.probe.contract import ProbeSettings
+
+__all__ = ["INSTALL", "check_trl_python", "trl_job", "trl_python"]
+
+INSTALL = f'pip install "autotune-rl[trl]" (TRL {TRL_VERSION} with autotune in one environment)'
+# Run with the environment's python: TRL's version, and that autotune (the probe program's helpers) imports.
+PROBE = "import trl, autotune.probe.rank.process; print(trl.__version__)"
+
+
+def trl_python(settings: ProbeSettings) -> str:
+    return settings.trl_python or sys.executable
+
+
+def check_trl_python(python: str | None) -> str:
+    """TRL's version in the environment of `python` (default this one); UserError (exit 2) when it cannot run
+    the TRL probe: no such python, no TRL, or no autotune there."""
+    path = Path(python or sys.executable).expanduser()
+    try:
+        found = subprocess.run([str(path), "-c", PROBE], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UserError(f"--trl-python {path}: cannot run it ({exc})") from None
+    if found.returncode != 0:
+        last = (found.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UserError(
+            f"--trl-python {path}: `import trl, autotune` fails there ({last}); install {INSTALL}"
+        )
+    return (found.stdout.strip().splitlines() or ["unknown"])[-1]
+
+
+def trl_job(config: ProbeConfig, settings: ProbeSettings) -> dict[str, Any]:
+    """What the TRL probe's job adds to the built-in one's: the export's fields for this configuration."""
+    return {"trl": trl_fields(config, settings.world_size).to_dict()}

@@ -1,0 +1,182 @@
+"""The TRL export against TRL 1.16's own GRPOConfig: every export passes its checks and carries the recipe."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import yaml
+from trl import GRPOConfig
+
+from autotune.config.knobs import ProbeConfig
+from autotune.errors import UserError
+from autotune.formats.read import read_target
+from autotune.formats.trl import ROUTES, not_trl_knobs, trl_config_text, trl_fields, trl_findings
+
+BASE = ProbeConfig(
+    algorithm="grpo",
+    rollout_n=4,
+    train_batch_size=16,
+    micro_batch_size=4,
+    gradient_accumulation_steps=2,
+    max_prompt_length=32,
+    max_response_length=16,
+)
+
+
+def exports() -> list[ProbeConfig]:
+    """Micro batches with the accumulation that keeps the mini batch, train batches of 1-2 rounds of steps,
+    group sizes, LoRA or not, checkpointing, KL on or off."""
+    configs = []
+    for micro, train, n, lora, checkpointing, kl in itertools.product(
+        (1, 2, 8), (8, 16), (2, 4), (False, True), (False, True), (0.0, 0.05)
+    ):
+        configs.append(
+            dataclasses.replace(
+                BASE,
+                micro_batch_size=micro,
+                gradient_accumulation_steps=max(1, 8 // micro),
+                train_batch_size=train,
+                rollout_n=n,
+                use_lora=lora,
+                gradient_checkpointing=checkpointing,
+                kl_coef=kl,
+            )
+        )
+    return [c for c in configs if not trl_findings(c, 1)]
+
+
+def grpo_config(config: ProbeConfig, tmp_path) -> GRPOConfig:
+    return GRPOConfig(**trl_fields(config, 1).grpo, output_dir=str(tmp_path), use_cpu=True, bf16=False)
+
+
+def test_grpo_config_accepts_every_export_and_derives_the_recipe(tmp_path):
+    configs = exports()
+    assert len(configs) >= 40
+    for config in configs:
+        args = grpo_config(config, tmp_path)  # __post_init__ runs TRL's checks
+        mini = config.micro_batch_size * config.gradient_accumulation_steps
+        assert args.generation_batch_size == config.train_batch_size
+        # one generation round feeds train/mini optimizer steps, each of `mini` completions
+        assert args.steps_per_generation * config.micro_batch_size == config.train_batch_size
+        assert args.per_device_train_batch_size * args.gradient_accumulation_steps == mini
+        assert args.num_generations == config.rollout_n
+        assert args.max_completion_length == config.max_response_length
+        assert args.beta == config.kl_coef
+
+
+def test_what_grpo_config_refuses_is_refused_first(tmp_path):
+    """A train batch that is not whole micro batches: TRL's own check raises, and autotune's finding first."""
+    bad = dataclasses.replace(BASE, train_batch_size=6, micro_batch_size=4)
+    assert any(f.key == "train_batch_size" for f in trl_findings(bad, 1))
+    with pytest.raises(ValueError):
+        grpo_config(bad, tmp_path)
+    assert [f.key for f in trl_findings(dataclasses.replace(BASE, algorithm="ppo"), 1)] == ["algorithm"]
+    assert [f.key for f in trl_findings(dataclasses.replace(BASE, rollout_n=1), 1)] == ["rollout_n"]
+
+
+def test_a_knob_trl_does_not_read_changes_nothing_in_the_export():
+    changes = {
+        "rollout_batch_size": 4,
+        "log_prob_micro_batch_size": 16,
+        "max_prompt_length": 512,
+    }
+    assert set(changes) <= set(not_trl_knobs())
+    for knob, value in changes.items():
+        assert trl_fields(dataclasses.replace(BASE, **{knob: value}), 1) == trl_fields(BASE, 1), knob
+
+
+def test_every_written_field_has_a_route_and_every_route_that_reads_is_written():
+    written = {**trl_fields(dataclasses.replace(BASE, use_lora=True), 1).grpo}
+    written.update(trl_fields(dataclasses.replace(BASE, use_lora=True), 1).peft)
+    routed = {name for route in ROUTES for name in route.fields}
+    assert set(written) == routed
+
+
+def test_trl_config_reads_back_as_the_same_configuration(tmp_path):
+    config = dataclasses.replace(BASE, use_lora=True, lora_r=8, lora_alpha=16, num_rollout_workers=2)
+    path = tmp_path / "trl_config.yaml"
+    path.write_text(trl_config_text(config, 2, "/models/qwen", "cuda"))
+    data = yaml.safe_load(path.read_text())
+    assert data["model_name_or_path"] == "/models/qwen" and "use_cpu" not in data
+    target = read_target(path)
+    assert target.kind == "TRL config" and target.gpus == 2 and target.model == "/models/qwen"
+    for route in ROUTES:
+        if route.reads:
+            assert getattr(target.config, route.knob) == getattr(config, route.knob), route.knob
+    assert not [f for f in target.findings if f.severity == "problem"]
+
+
+def test_a_trl_config_without_its_generation_batch_is_a_user_error(tmp_path):
+    path = tmp_path / "trl_config.yaml"
+    path.write_text("per_device_train_batch_size: 4\nnum_generations: 4\n")
+    with pytest.raises(UserError, match="generation_batch_size"):
+        read_target(path)
+
+
+VARIANTS = {  # one change of each knob TRL reads, from BASE
+    "train_batch_size": 32,
+    "micro_batch_size": 2,
+    "gradient_accumulation_steps": 1,
+    "rollout_n": 2,
+    "max_response_length": 8,
+    "kl_coef": 0.0,
+    "gradient_checkpointing": False,
+    "num_rollout_workers": 2,
+    "use_lora": True,
+}
+
+
+def trainer_digest(config: ProbeConfig, model_folder, tmp_path) -> dict:
+    """What TRL's GRPOTrainer is built with from the export's fields: its arguments after their checks, its
+    sampler's group, the reference model, the policy's checkpointing and adapters, its prompt loader."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOTrainer, ModelConfig, get_peft_config
+
+    fields = trl_fields(config, 1)
+    trainer = GRPOTrainer(
+        model=str(model_folder),
+        reward_funcs=lambda completions, **_: [0.0] * len(completions),
+        args=GRPOConfig(**fields.grpo, output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none"),
+        train_dataset=Dataset.from_dict({"prompt": ["a b c"] * 64}),
+        processing_class=AutoTokenizer.from_pretrained(model_folder),
+        peft_config=get_peft_config(ModelConfig(**fields.peft)) if fields.peft else None,
+    )
+    loader = trainer.get_train_dataloader()
+    peft = getattr(trainer.model, "peft_config", {}).get("default")
+    return {
+        "micro": trainer.args.per_device_train_batch_size,
+        "accumulation": trainer.args.gradient_accumulation_steps,
+        "generation_batch": trainer.args.generation_batch_size,
+        "steps_per_generation": trainer.args.steps_per_generation,
+        "group": trainer.num_generations,
+        "completion": trainer.max_completion_length,
+        "beta": trainer.beta,
+        "reference": trainer.ref_model is not None,
+        # transformers 5 resolves the field to activation_checkpointing, which Trainer.train applies
+        "checkpointing": trainer.args.activation_checkpointing,
+        "workers": loader.num_workers,
+        "lora": None if peft is None else (peft.r, peft.lora_alpha),
+    }
+
+
+@pytest.mark.e2e  # builds a dozen GRPOTrainers (seconds each)
+def test_every_knob_trl_reads_changes_the_trainer_trl_builds(tmp_path):
+    """The mutation test: each written field, changed through its knob, changes what TRL built."""
+    from autotune.models.registry import build_causal_lm, resolve_model
+    from autotune.models.tokenizer import load_tokenizer
+
+    folder = tmp_path / "model"
+    spec = resolve_model("tiny-llama")
+    build_causal_lm(spec, dtype="float32").save_pretrained(folder)
+    load_tokenizer(spec).save_pretrained(folder)
+    base = trainer_digest(BASE, folder, tmp_path)
+    assert base["reference"] and base["checkpointing"] and base["lora"] is None
+    for knob, value in VARIANTS.items():
+        changed = trainer_digest(dataclasses.replace(BASE, **{knob: value}), folder, tmp_path)
+        assert changed != base, f"{knob}={value} left TRL's trainer unchanged"
+    lora = trainer_digest(dataclasses.replace(BASE, use_lora=True, lora_r=4, lora_alpha=8), folder, tmp_path)
+    assert lora["lora"] == (4, 8) and not lora["reference"]  # TRL's reference is the base without adapters
+    assert {k for k, v in VARIANTS.items()} | {"lora_r", "lora_alpha"} == {r.knob for r in ROUTES if r.reads}
