@@ -49,6 +49,7 @@ from autotune.config.rules import (
 )
 from autotune.formats.read import read_target
 from autotune.formats.target import ASSUMED, Measured, Target
+from autotune.formats.trl import TRL_KIND
 from autotune.memory.budget import Budget
 from autotune.memory.gpus import gpu_memory_gib, normalise
 from autotune.memory.model import Architecture
@@ -280,7 +281,7 @@ def check(options: CheckOptions) -> CheckResult:
     memory = None
     if config is not None:
         findings += _rule_findings(config, gpus, options.cores, verl=target.overrides is not None)
-        if target.overrides is None:  # verl has no rollout batch: the heuristic is about the article's
+        if target.overrides is None and target.kind != TRL_KIND:  # neither verl nor TRL has a rollout batch
             findings += rollout_findings(config, gpus, target.measured)
         findings += reward_findings(target)
         model_findings, memory = _model_checks(options, target, config, gpus, card)

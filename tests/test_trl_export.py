@@ -180,3 +180,17 @@ def test_every_knob_trl_reads_changes_the_trainer_trl_builds(tmp_path):
     lora = trainer_digest(dataclasses.replace(BASE, use_lora=True, lora_r=4, lora_alpha=8), folder, tmp_path)
     assert lora["lora"] == (4, 8) and not lora["reference"]  # TRL's reference is the base without adapters
     assert {k for k, v in VARIANTS.items()} | {"lora_r", "lora_alpha"} == {r.knob for r in ROUTES if r.reads}
+
+
+def test_a_minimal_trl_config_is_checked_with_trls_defaults(tmp_path):
+    """Fields a user leaves out are TRL's defaults (no loader workers: 0 is valid); no rollout-batch warning,
+    which is about a knob TRL does not have."""
+    from autotune.check import CheckOptions, check
+
+    path = tmp_path / "trl_config.yaml"
+    path.write_text("generation_batch_size: 16\nnum_generations: 4\nmax_completion_length: 64\n")
+    result = check(CheckOptions(path, model="tiny-llama"))
+    assert result.target.config.micro_batch_size == 8 and result.target.config.num_rollout_workers == 0
+    assert result.target.config.rollout_batch_size == 16  # a round generates at once
+    assert not result.problems, [f.line for f in result.problems]
+    assert not [f for f in result.findings if f.check == "rollout"]

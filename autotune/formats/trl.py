@@ -30,6 +30,7 @@ from autotune.formats.target import Target
 
 __all__ = [
     "ROUTES",
+    "TRL_KIND",
     "TRL_VERSION",
     "TrlFields",
     "launch_line",
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 TRL_VERSION = "1.16.0"
+TRL_KIND = "TRL config"  # Target.kind of a trl_config.yaml read back
 GRPO_TRAINER = "trl/trainer/grpo_trainer.py"
 GRPO_CONFIG = "trl/trainer/grpo_config.py"
 
@@ -285,6 +287,8 @@ def read_trl_config(data: dict[str, Any], path: Path, text: str, gpus: int | Non
             f"config '{path}': a TRL config without generation_batch_size: add it (completions per "
             f"generation round, all processes), as trl_config.yaml has it"
         )
+    # TRL generates a process's share of a round in one call: the memory model's rollout batch is the round
+    values["rollout_batch_size"] = values.get("train_batch_size")
     try:
         config = ProbeConfig(algorithm="grpo", **{**_defaults(), **values})
     except TypeError as exc:
@@ -296,7 +300,7 @@ def read_trl_config(data: dict[str, Any], path: Path, text: str, gpus: int | Non
         for name in unknown
     ]
     return Target(
-        kind="TRL config",
+        kind=TRL_KIND,
         config=config,
         model=data.get("model_name_or_path"),
         sharding="none",
