@@ -76,9 +76,11 @@ def run(args: argparse.Namespace) -> int:
         offload_findings,
         raise_for,
     )
+    from autotune.formats.trl import trl_findings
     from autotune.models.registry import resolve_model, resolve_reward_model
     from autotune.probe.contract import ProbeSettings
     from autotune.probe.devices import resolve_device
+    from autotune.probe.engines import check_engine_environment
     from autotune.probe.launcher import run_probe
     from autotune.report.console import print_probe_result, probing
     from autotune.status import Status
@@ -106,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         trust_remote_code=args.trust_remote_code,
     )
+    if args.engine == "trl":
+        raise_for(trl_findings(config, args.gpus))  # what TRL's GRPOConfig would refuse, before TRL starts
+    check_engine_environment(settings)  # verl's or TRL's environment: one line and exit 2 when it cannot run
     with probing(config, settings):
         result = run_probe(config, settings)
     if args.json:
