@@ -24,7 +24,8 @@ from autotune.probe.contract import ProbeSettings
 
 __all__ = ["INSTALL", "check_trl_python", "trl_job", "trl_python"]
 
-INSTALL = f'pip install "autotune-rl[trl]" (TRL {TRL_VERSION} with autotune in one environment)'
+# What to install where: TRL, and autotune beside it (the probe program imports autotune's rank helpers).
+INSTALL = f'trl=={TRL_VERSION} and autotune in that environment (from a checkout: pip install ".[trl]")'
 # Run with the environment's python: TRL's version, and that autotune (the probe program's helpers) imports.
 PROBE = "import trl, autotune.probe.rank.process; print(trl.__version__)"
 
