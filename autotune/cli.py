@@ -7,6 +7,8 @@ A user's mistake ends with one line on stderr and exit code 2, never a traceback
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -62,7 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         handler: Callable[[argparse.Namespace], int] = args.handler
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # a closed pipe (`autotune check ... | head`) surfaces here, not at exit
+        return code
+    except BrokenPipeError:
+        return _stdout_closed()
     except AutotuneError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -82,6 +88,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 3
+
+
+EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
+
+
+def _stdout_closed() -> int:
+    """The reader of standard output went away: stop writing there, say so on stderr, exit as shells do."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail again
+    with contextlib.suppress(OSError):
+        print("autotune: standard output was closed (broken pipe); stopped", file=sys.stderr)
+    return EXIT_PIPE_CLOSED
 
 
 if __name__ == "__main__":

@@ -156,3 +156,26 @@ def test_a_lone_double_dash_as_a_value_is_refused_in_one_line(argv):
     # argparse itself strips it and stores [] without calling the flag's type (hypothesis found run --seed=--)
     with pytest.raises(UserError, match="expected a value, got '--'"):
         build_parser().parse_args(argv)
+
+
+@pytest.mark.e2e  # a child process whose standard output has no reader
+def test_a_closed_output_pipe_is_one_line_and_exit_141(tmp_path):
+    """`autotune check ... | head` with head gone: no traceback and no talk of storage, the shell's 141."""
+    import os
+
+    config = tmp_path / "trl_config.yaml"
+    config.write_text("generation_batch_size: 16\nnum_generations: 4\nmax_completion_length: 64\n")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone before the first line
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "autotune", "check", str(config), "--model", "tiny-llama"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141, proc.stderr
+    assert proc.stderr.strip().splitlines() == ["autotune: standard output was closed (broken pipe); stopped"]
