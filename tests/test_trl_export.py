@@ -48,7 +48,7 @@ def exports() -> list[ProbeConfig]:
 
 
 def grpo_config(config: ProbeConfig, tmp_path) -> GRPOConfig:
-    return GRPOConfig(**trl_fields(config, 1).grpo, output_dir=str(tmp_path), use_cpu=True, bf16=False)
+    return GRPOConfig(**trl_fields(config).grpo, output_dir=str(tmp_path), use_cpu=True, bf16=False)
 
 
 def test_grpo_config_accepts_every_export_and_derives_the_recipe(tmp_path):
@@ -84,12 +84,12 @@ def test_a_knob_trl_does_not_read_changes_nothing_in_the_export():
     }
     assert set(changes) <= set(not_trl_knobs())
     for knob, value in changes.items():
-        assert trl_fields(dataclasses.replace(BASE, **{knob: value}), 1) == trl_fields(BASE, 1), knob
+        assert trl_fields(dataclasses.replace(BASE, **{knob: value})) == trl_fields(BASE), knob
 
 
 def test_every_written_field_has_a_route_and_every_route_that_reads_is_written():
-    written = {**trl_fields(dataclasses.replace(BASE, use_lora=True), 1).grpo}
-    written.update(trl_fields(dataclasses.replace(BASE, use_lora=True), 1).peft)
+    written = {**trl_fields(dataclasses.replace(BASE, use_lora=True)).grpo}
+    written.update(trl_fields(dataclasses.replace(BASE, use_lora=True)).peft)
     routed = {name for route in ROUTES for name in route.fields}
     assert set(written) == routed
 
@@ -135,7 +135,7 @@ def trainer_digest(config: ProbeConfig, model_folder, tmp_path) -> dict:
     from transformers import AutoTokenizer
     from trl import GRPOTrainer, ModelConfig, get_peft_config
 
-    fields = trl_fields(config, 1)
+    fields = trl_fields(config)
     trainer = GRPOTrainer(
         model=str(model_folder),
         reward_funcs=lambda completions, **_: [0.0] * len(completions),

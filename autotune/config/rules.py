@@ -137,14 +137,12 @@ def config_findings(
 
 def value_findings(c: ProbeConfig) -> list[Finding]:
     """Sizes are whole numbers >= 1 (the forward micro batch may be unset; loader workers may be 0), kl_coef a
-    finite number >= 0, the
-    algorithm a known one; the same bounds as every number a user gives (`autotune.config.numbers`)."""
+    finite number >= 0, the algorithm a known one; the same bounds as every number a user gives
+    (`autotune.config.numbers`)."""
     bounds: dict[str, dict[str, Any]] = {key: {"integer": True, "minimum": 1} for key in POSITIVE_KNOBS}
     bounds["lora_alpha"] = {"integer": True, "minimum": 1}
-    bounds["num_rollout_workers"] = {
-        "integer": True,
-        "minimum": 0,
-    }  # 0: the main process loads (TRL's default)
+    # 0 loader workers: the main process loads the prompts (TRL's default)
+    bounds["num_rollout_workers"] = {"integer": True, "minimum": 0}
     bounds["kl_coef"] = {"minimum": 0.0, "maximum": MAX_KL_COEF}
     if c.log_prob_micro_batch_size is not None:
         bounds["log_prob_micro_batch_size"] = {"integer": True, "minimum": 1}

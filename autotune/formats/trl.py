@@ -1,6 +1,6 @@
 """The TRL export (`--target trl`): which knob TRL 1.16's GRPOTrainer reads, and the trl_config.yaml it takes.
 
-    fields = trl_fields(config, gpus=2)          # TrlFields(grpo={...GRPOConfig}, peft={...ModelConfig})
+    fields = trl_fields(config)                  # TrlFields(grpo={...GRPOConfig}, peft={...ModelConfig})
     text = trl_config_text(config, gpus=2, model="Qwen/Qwen2.5-0.5B", device="cuda")
     trl grpo --config trl_config.yaml --dataset_name DATA --reward_funcs REWARD   # 1 GPU (see launch_line)
 
@@ -161,34 +161,22 @@ def not_trl_knobs() -> tuple[str, ...]:
     return tuple(route.knob for route in ROUTES if not route.reads)
 
 
-def trl_fields(config: ProbeConfig, gpus: int) -> TrlFields:
-    """The fields of every route that reads, with the configuration's values (LoRA's only when it is on)."""
-    values: dict[str, Any] = {
-        "generation_batch_size": config.train_batch_size,
-        "per_device_train_batch_size": config.micro_batch_size,
-        "gradient_accumulation_steps": config.gradient_accumulation_steps,
-        "num_generations": config.rollout_n,
-        "max_completion_length": config.max_response_length,
-        "beta": float(config.kl_coef),
-        "gradient_checkpointing": bool(config.gradient_checkpointing),
-        "dataloader_num_workers": config.num_rollout_workers,
-    }
-    peft = (
-        {"use_peft": True, "lora_r": config.lora_r, "lora_alpha": config.lora_alpha}
-        if config.use_lora
-        else {}
-    )
+def trl_fields(config: ProbeConfig) -> TrlFields:
+    """The field of every route that reads, with its knob's value (ROUTES is the one mapping); LoRA's fields
+    only when LoRA is on. Each field counts per process or over all, as TRL does: no GPU count is needed."""
+    values = {route.fields[0]: getattr(config, route.knob) for route in ROUTES if route.reads}
+    values["beta"] = float(values["beta"])  # a YAML `kl_coef: 0` is an int; GRPOConfig's beta is a float
     grpo = {name: value for name, value in values.items() if name not in PEFT_FIELDS}
+    peft = {name: values[name] for name in PEFT_FIELDS} if config.use_lora else {}
     return TrlFields(grpo=grpo, peft=peft)
 
 
 def trl_findings(config: ProbeConfig, gpus: int) -> list[Finding]:
     """What TRL's GRPOConfig would refuse, or what the TRL export cannot carry, each with its fix."""
-    found = [
+    return [
         Finding("trl", problem, fix, key=key, value=getattr(config, key))
         for key, problem, fix in _trl_rules(config, gpus)
     ]
-    return found
 
 
 def _trl_rules(c: ProbeConfig, gpus: int) -> list[tuple[str, str, str]]:
@@ -242,7 +230,7 @@ def _trl_rules(c: ProbeConfig, gpus: int) -> list[tuple[str, str, str]]:
 
 def trl_config_text(config: ProbeConfig, gpus: int, model: str | None, device: str) -> str:
     """trl_config.yaml: the model, GRPOConfig's fields, LoRA's, and (measured on CPU) the CPU switches."""
-    fields = trl_fields(config, gpus)
+    fields = trl_fields(config)
     header = [
         f"# trl_config.yaml for TRL {TRL_VERSION}'s GRPOTrainer on {gpus} process(es), written by autotune.",
         "# The recipe (generation batch, mini batch, completions per prompt, completion length, beta, LoRA)",

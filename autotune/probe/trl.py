@@ -52,4 +52,4 @@ def check_trl_python(python: str | None) -> str:
 
 def trl_job(config: ProbeConfig, settings: ProbeSettings) -> dict[str, Any]:
     """What the TRL probe's job adds to the built-in one's: the export's fields for this configuration."""
-    return {"trl": trl_fields(config, settings.world_size).to_dict()}
+    return {"trl": trl_fields(config).to_dict()}

@@ -44,6 +44,7 @@ from autotune.report.tables import (
     launch_line,
     recipe_lines,
     remeasured_line,
+    trainer_of,
     verdict_line,
 )
 from autotune.status import Attr
@@ -207,8 +208,7 @@ def summary_lines(report: ReportData, out_dir: Path, files: dict[str, Path]) -> 
     if run_log.exists():
         lines += [f"  {run_log.resolve()}"]
     if chosen is not None:
-        trainer = "TRL" if report.trl_config is not None else "verl"
-        lines += [f"start {trainer} on it (replace the /path/to/ parts):"]
+        lines += [f"start {trainer_of(report)} on it (replace the /path/to/ parts):"]
         lines += ["  " + export_launch(report, out_dir)]
     return lines
 
