@@ -6,6 +6,7 @@ __all__ = [
     "contract",
     "devices",
     "engines",
+    "environment",
     "forkserver",
     "launcher",
     "rank",

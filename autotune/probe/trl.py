@@ -12,15 +12,14 @@ limit, the same result files and classification). The job carries the GRPOConfig
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from autotune.config.knobs import ProbeConfig
-from autotune.errors import UserError
 from autotune.formats.trl import TRL_VERSION, trl_fields
 from autotune.probe.contract import ProbeSettings
+from autotune.probe.environment import last_line
 
 __all__ = ["INSTALL", "check_trl_python", "trl_job", "trl_python"]
 
@@ -38,16 +37,10 @@ def check_trl_python(python: str | None) -> str:
     """TRL's version in the environment of `python` (default this one); UserError (exit 2) when it cannot run
     the TRL probe: no such python, no TRL, or no autotune there."""
     path = Path(python or sys.executable).expanduser()
-    try:
-        found = subprocess.run([str(path), "-c", PROBE], capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UserError(f"--trl-python {path}: cannot run it ({exc})") from None
-    if found.returncode != 0:
-        last = (found.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UserError(
-            f"--trl-python {path}: `import trl, autotune` fails there ({last}); install {INSTALL}"
-        )
-    return (found.stdout.strip().splitlines() or ["unknown"])[-1]
+    version = last_line(
+        path, ["-c", PROBE], f"--trl-python {path}", "`import trl, autotune`", f"install {INSTALL}"
+    )
+    return version or "unknown"
 
 
 def trl_job(config: ProbeConfig, settings: ProbeSettings) -> dict[str, Any]:

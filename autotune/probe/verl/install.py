@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from pathlib import Path
 
 from autotune.errors import UserError
+from autotune.probe.environment import last_line
 
 __all__ = ["RUNTIME", "VERL_VERSION", "check_verl_python", "missing_pieces"]
 
@@ -77,22 +77,10 @@ def missing_pieces(found: dict[str, dict[str, str | None]]) -> list[str]:
 
 def _probe(path: Path, python: str) -> dict:
     """What PROBE reports from the environment of `path`; UserError when it cannot run or verl is absent."""
+    argv = ["-c", PROBE, json.dumps(RUNTIME)]
+    report = last_line(path, argv, f"--verl-python {python}", "`import verl`", f"install it with {INSTALL}")
     try:
-        found = subprocess.run(
-            [str(path), "-c", PROBE, json.dumps(RUNTIME)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UserError(f"--verl-python {python}: cannot run it ({exc})") from None
-    if found.returncode != 0:
-        last = (found.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UserError(
-            f"--verl-python {python}: `import verl` fails there ({last}); install it with {INSTALL}"
-        )
-    try:
-        return json.loads((found.stdout.strip().splitlines() or ["{}"])[-1])
+        return json.loads(report or "{}")
     except ValueError:
         raise UserError(
             f"--verl-python {python}: its check printed no report; is it verl's python?"
