@@ -189,6 +189,7 @@ class MemoryBreakdown:
     loaded_rollout: int = 0  # offload: states on the device only during the phase
     loaded_scoring: int = 0
     loaded_update: int = 0
+    backward_peak: int = 0  # the update's forward and backward before the optimizer steps (over static)
     phases: dict[str, int] = field(default_factory=dict)
     phase_states: dict[str, int] = field(default_factory=dict)
 
@@ -553,6 +554,7 @@ def _components(arch: Architecture, config: ProbeConfig, world_size: int, device
         "update": max(update["optimizer_step"] if stepping else backward, 0),
     }
     return MemoryBreakdown(
+        backward_peak=get("loaded_update", 0) + backward_states + backward,
         weights=_weights(arch, config, p, held),
         gradients=0 if held.weights_away else trainable * 4 // held.shards,
         optimizer=0 if held.optimizer_away else trainable * 4 * ADAM_MOMENTS // held.shards,

@@ -26,16 +26,23 @@ from autotune.probe.rank.sharding import distribute, park, place
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-__all__ = ["build_actor_and_ref", "build_models", "build_value_model", "dtypes"]
+__all__ = ["build_actor_and_ref", "build_models", "build_value_model", "dtypes", "gpu_precision"]
 
 # Projections LoRA adapts in llama/qwen-style blocks; other architectures fall back to every linear layer.
 _LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LEARNING_RATE = 1e-6
 
 
-def dtypes(device: torch.device) -> tuple[torch.dtype, torch.dtype]:
+def gpu_precision(device: torch.device, precision: bool | None = None) -> bool:
+    """Whether models take a GPU run's dtypes: on CUDA, or where a memory trace on the host asks for them."""
+    return device.type == "cuda" if precision is None else precision
+
+
+def dtypes(device: torch.device, precision: bool | None = None) -> tuple[torch.dtype, torch.dtype]:
     """(trainable weights, frozen weights)."""
-    return (torch.float32, torch.bfloat16) if device.type == "cuda" else (torch.float32, torch.float32)
+    if gpu_precision(device, precision):
+        return torch.float32, torch.bfloat16
+    return torch.float32, torch.float32
 
 
 def _lora_targets(model: torch.nn.Module) -> list[str] | str:
@@ -70,9 +77,11 @@ def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=LEARNING_RATE)
 
 
-def build_actor_and_ref(spec: ModelSpec, config: ProbeConfig, device: torch.device):
+def build_actor_and_ref(
+    spec: ModelSpec, config: ProbeConfig, device: torch.device, precision: bool | None = None
+):
     """(actor, reference) before sharding, built where `place` says."""
-    trainable, frozen = dtypes(device)
+    trainable, frozen = dtypes(device, precision)
     where = place(config, device)
     if config.use_lora:
         base = _prepare_trainable(build_causal_lm(spec, dtype=frozen, device=where), config)
@@ -86,9 +95,11 @@ def build_actor_and_ref(spec: ModelSpec, config: ProbeConfig, device: torch.devi
     return actor, ref
 
 
-def build_value_model(spec: ModelSpec, config: ProbeConfig, device: torch.device) -> torch.nn.Module:
+def build_value_model(
+    spec: ModelSpec, config: ProbeConfig, device: torch.device, precision: bool | None = None
+) -> torch.nn.Module:
     """The critic before sharding, built where `place` says."""
-    trainable, frozen = dtypes(device)
+    trainable, frozen = dtypes(device, precision)
     where = place(config, device)
     if not config.use_lora:
         return _prepare_trainable(build_critic(spec, dtype=trainable, device=where), config)
@@ -104,18 +115,23 @@ def build_models(
     config: ProbeConfig,
     device: torch.device,
     world_size: int,
+    precision: bool | None = None,
 ) -> Models:
-    actor, ref = build_actor_and_ref(actor_spec, config, device)
-    critic = build_value_model(actor_spec, config, device) if config.algorithm == "ppo" else None
-    _, frozen = dtypes(device)
+    """`precision`: True builds with a GPU run's dtypes and mixed precision on any device (a memory trace on
+    the host); None takes the device's own."""
+    actor, ref = build_actor_and_ref(actor_spec, config, device, precision)
+    critic = build_value_model(actor_spec, config, device, precision) if config.algorithm == "ppo" else None
+    _, frozen = dtypes(device, precision)
     reward = None
     if reward_spec is not None:
         reward = build_reward_model(reward_spec, dtype=frozen, device=device).eval().requires_grad_(False)
     # Optimizers come after sharding: FSDP replaces the parameters with their shards
-    actor = distribute(actor.train(), config, device, world_size)
-    critic = distribute(critic.train(), config, device, world_size) if critic is not None else None
+    mixed = gpu_precision(device, precision)
+    actor = distribute(actor.train(), config, device, world_size, mixed=mixed)
+    if critic is not None:
+        critic = distribute(critic.train(), config, device, world_size, mixed=mixed)
     if ref is not None:
-        ref = distribute(ref, config, device, world_size, trainable=False)
+        ref = distribute(ref, config, device, world_size, trainable=False, mixed=mixed)
     park(config, device, actor, critic)
     return Models(
         actor=actor,

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -30,9 +31,10 @@ import torch
 from autotune.config.knobs import ProbeConfig
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule
 
-__all__ = ["distribute", "gathered", "hf_model", "offloaded", "park", "place", "wrap_targets"]
+__all__ = ["device_mesh", "distribute", "gathered", "hf_model", "offloaded", "park", "place", "wrap_targets"]
 
 
 def hf_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -69,31 +71,41 @@ def place(config: ProbeConfig, device: torch.device) -> torch.device:
     return torch.device("cpu") if config.sharded else device
 
 
+@functools.cache
+def device_mesh(device_type: str, world_size: int) -> DeviceMesh:
+    """One mesh per process for every model it shards; made before a fake-tensor trace enters its mode
+    (building a mesh reads real rank tensors)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, (world_size,))
+
+
 def distribute(
     model: torch.nn.Module,
     config: ProbeConfig,
     device: torch.device,
     world_size: int,
     trainable: bool = True,
+    mixed: bool | None = None,
 ) -> torch.nn.Module:
     """The model held as `config.sharding` says: trainable models DDP-wrapped (W > 1) or sharded, frozen
-    ones (the reference) replicated or sharded — on CUDA with its shards on the host."""
+    ones (the reference) replicated or sharded — on CUDA with its shards on the host. `mixed`: verl's mixed
+    precision (bf16 compute, fp32 reduction); default on CUDA only."""
     if not config.sharded:
         if not trainable or world_size == 1:
             return model
         device_ids = [device.index] if device.type == "cuda" else None
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     options: dict[str, Any] = {  # fully_shard's keyword arguments
-        "mesh": init_device_mesh(device.type, (world_size,)),
+        "mesh": device_mesh(device.type, world_size),
         "reshard_after_forward": config.sharding == "full_shard",
     }
-    if device.type == "cuda":
+    if (device.type == "cuda") if mixed is None else mixed:
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if not trainable or config.offload_policy:
-            options["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+    if device.type == "cuda" and (not trainable or config.offload_policy):
+        options["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
     inner = hf_model(model)
     for module in wrap_targets(inner):
         fully_shard(module, **options)

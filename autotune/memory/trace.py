@@ -1,0 +1,455 @@
+"""A probe iteration's training phases traced under FakeTensorMode: the real architecture, no weights, no GPU.
+
+    trace = trace_memory(resolve_model("llama-2-7b"), None, config, world_size=2)   # ~20 s on 2 cores
+    trace.peak("update"), trace.phases[0].parts, trace.states
+
+The probe's own code runs (`autotune.probe.rank.models.build_models`, `ppo.score`'s forwards, `ppo._train`)
+with every tensor fake: shapes, dtypes and devices are real, storage is not. Torch's memory trackers
+(`FSDPMemTracker` for sharded models, `MemTracker` otherwise) count every storage each phase allocates and
+frees. The layout is a GPU run's by default: trainable fp32 weights, frozen bf16, FSDP2's bf16 mixed
+precision and autocast, over a fake process group of W ranks (the tensors sit on the host, so the reference's
+shards, which a GPU run keeps on the host, are left out of the device's bytes). `layout="cpu"` is the CPU
+probe's (everything fp32): the one a CPU probe can check.
+
+What is not traced, and why:
+- rollout: Hugging Face `generate` stops on tensor values (end of sequence, stopping criteria), which a fake
+  tensor does not have; the analytic model's rollout phase stands.
+- DDP (replicate over W > 1): its C++ reducer cannot run on fake tensors; the rank's work is traced without
+  it and DDP's gradient buckets (one fp32 copy of the gradients) are the analytic model's, labelled so.
+- offload (param_offload, optimizer_offload, offload_policy): what sits on the host between phases is a
+  GPU-only move; such a config is not traced (`TraceUnavailable`).
+- the allocator: the trace counts tensor bytes; a GPU's caching allocator rounds and fragments on top (the
+  analytic model's calibrated factor), and the CUDA context is the calibrated constant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from autotune.config.knobs import ProbeConfig
+
+__all__ = ["LAYOUTS", "MemoryTrace", "PhasePeak", "TraceUnavailable", "trace_memory"]
+
+LAYOUTS = ("cuda", "cpu")
+HOST = torch.device("cpu")
+# the tracker's categories (FSDPMemTracker's and MemTracker's names), folded into the report's terms
+CATEGORIES = {
+    "weights": ("Sharded Param", "Parameter", "Buffer"),
+    "gradients": ("Sharded Grad", "Gradient"),
+    "optimizer_step": ("OptState", "Optstate"),  # over the resident states: the step's temporaries
+    "gathered": ("Unsharded Param", "All Gather"),
+    "reduce_scatter": ("Unsharded Grad", "Reduce Scatter"),
+    "activations": ("Activation", "Inputs", "Other"),
+    "temporaries": ("Temp",),
+}
+# which of the analytic model's phases each traced pass belongs to
+ANALYTIC_PHASE = {
+    "log-prob": "scoring",
+    "reference": "scoring",
+    "values": "scoring",
+    "reward": "scoring",
+    "critic backward": "update",  # forward and backward, before the optimizer steps
+    "critic update": "update",  # the whole update, the step included
+    "actor backward": "update",
+    "actor update": "update",
+}
+DDP_NOTE = "DDP's gradient buckets are the analytic model's: its C++ reducer cannot run on fake tensors"
+HOST_REFERENCE_NOTE = (
+    "the reference's shards live on the host in a GPU run (verl's forward-only engine): not counted"
+)
+NOT_TRACED = (
+    "rollout is the analytic model's: Hugging Face generate stops on tensor values, which fake tensors lack"
+)
+
+
+class TraceUnavailable(Exception):
+    """The trace cannot run for this config or architecture; the message is one line saying why."""
+
+
+@dataclass(frozen=True)
+class PhasePeak:
+    """One traced pass: its peak bytes per rank, everything resident included, and what makes it up."""
+
+    name: str
+    peak: int
+    parts: dict[str, int]
+
+    @property
+    def analytic_phase(self) -> str:
+        return ANALYTIC_PHASE[self.name]
+
+
+@dataclass(frozen=True)
+class MemoryTrace:
+    world_size: int
+    layout: str
+    states: dict[str, int]  # resident per rank between phases: weights, gradients, optimizer, rollout buffer
+    phases: list[PhasePeak]
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    def peak(self, analytic_phase: str) -> PhasePeak | None:
+        """The largest traced pass of one of the analytic model's phases ("scoring", "update")."""
+        passes = [p for p in self.phases if p.analytic_phase == analytic_phase]
+        return max(passes, key=lambda p: p.peak, default=None)
+
+    @property
+    def total(self) -> int:
+        return max((p.peak for p in self.phases), default=sum(self.states.values()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"total": self.total}
+
+
+# --- the fake world ---------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def fake_world(world_size: int) -> Iterator[None]:
+    """A fake process group of `world_size` ranks (this process is rank 0) for the block; collectives return
+    at once. Refused when a real group is up: the trace must not join it."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from autotune.probe.rank.sharding import device_mesh
+
+    if dist.is_initialized():
+        raise TraceUnavailable("a process group is already running in this process: trace in a fresh one")
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    try:
+        yield
+    finally:
+        device_mesh.cache_clear()
+        dist.destroy_process_group()
+
+
+def _refuse(config: ProbeConfig, layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, but got {layout!r}.")
+    if config.offloaded:
+        raise TraceUnavailable(
+            "offload is not traced (what waits on the host between phases is a GPU-only move): the analytic "
+            "model stands"
+        )
+
+
+# --- resident bytes ---------------------------------------------------------------------------------------
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        seen[id(storage)] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _reference_on_host(models: Any, layout: str, sharded: bool) -> int:
+    """A GPU run keeps the sharded reference on the host (verl's forward-only engine): not device bytes."""
+    if layout != "cuda" or not sharded or models.ref is None:
+        return 0
+    from autotune.probe.rank.measure import state_bytes
+
+    only_ref = dataclasses.replace(
+        models, actor=models.ref, ref=None, critic=None, reward=None, actor_optimizer=None
+    )
+    return state_bytes(only_ref, "cpu")["weights"]
+
+
+def _resident(models: Any, batch: dict[str, torch.Tensor], layout: str, sharded: bool) -> dict[str, int]:
+    from autotune.probe.rank.measure import state_bytes
+
+    states = state_bytes(models, "cpu")
+    states["weights"] -= _reference_on_host(models, layout, sharded)
+    return {**states, "rollout_buffer": _storage_bytes(list(batch.values()))}
+
+
+# --- building what the probe holds ------------------------------------------------------------------------
+
+
+def _rollout_batch(config: ProbeConfig, world_size: int) -> dict[str, torch.Tensor]:
+    """The rank's share of a rollout, as `ppo.rollout`, `score` and `advantages` leave it (zeros: a fake
+    tensor's values are never read)."""
+    samples, length = config.train_batch_size // world_size, config.max_response_length
+    ids = torch.zeros(samples, config.sequence_length, dtype=torch.long)
+    floats = {
+        key: torch.zeros(samples, length)
+        for key in ("old_log_probs", "advantages", "response_mask", "ref_log_probs", "values", "returns")
+    }
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "responses": ids[:, config.max_prompt_length :],
+        "scores": torch.zeros(samples),
+        **floats,
+    }
+
+
+@contextlib.contextmanager
+def _conversions_that_rebind() -> Iterator[None]:
+    """`Module.to` swaps each fake parameter for its converted self, which torch refuses for fake tensors
+    (swap_tensors needs the only reference). In the trace a conversion builds new parameters and rebinds
+    them instead: the same result for modules no optimizer holds yet (peft casts each new adapter to its
+    base layer's dtype, then back to fp32)."""
+    from unittest import mock
+
+    def to(module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
+        device, dtype, *_ = torch._C._nn._parse_to(*args, **kwargs)
+
+        def convert(t: torch.Tensor) -> torch.Tensor:
+            cast = dtype if dtype is not None and t.is_floating_point() else t.dtype
+            return t.to(device=device or t.device, dtype=cast)
+
+        for sub in module.modules():
+            for name, param in sub._parameters.items():
+                if param is not None:
+                    sub._parameters[name] = torch.nn.Parameter(convert(param), param.requires_grad)
+            for name, buffer in sub._buffers.items():
+                if buffer is not None:
+                    sub._buffers[name] = convert(buffer)
+        return module
+
+    with mock.patch.object(torch.nn.Module, "to", to):
+        yield
+
+
+def _warm_up(models: Any, layout: str) -> None:
+    """FSDP's lazy initialisation done, and one optimizer step on zero gradients: Adam's states exist and the
+    gradients stay allocated, as after the previous iteration's last step (the steady state a probe
+    measures). The GPU layout steps AdamW as torch does on CUDA, all tensors at once (foreach); the host's
+    tensors would otherwise take torch's CPU default, one tensor at a time."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from autotune.probe.rank.sharding import hf_model
+
+    for model in (models.actor, models.ref, models.critic):
+        root = hf_model(model) if model is not None else None
+        if isinstance(root, FSDPModule):
+            root._get_fsdp_state()._lazy_init()
+    for optimizer in (models.actor_optimizer, models.critic_optimizer):
+        if optimizer is None:
+            continue
+        for group in optimizer.param_groups:
+            group["foreach"] = layout == "cuda"
+            for param in group["params"]:
+                param.grad = torch.zeros_like(param)
+        optimizer.step()
+
+
+# --- tracking one pass ------------------------------------------------------------------------------------
+
+
+def _tracker(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
+    """torch's tracker for the model: FSDPMemTracker for a sharded one, MemTracker otherwise; both keep only
+    the peak over all modules (their per-module peaks, which the trace does not read, cost half its time)."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.fsdp import FSDPModule
+
+    from autotune.probe.rank.sharding import hf_model
+
+    class PeakOnly:
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            for device, snapshot in self._curr_mem_snap.items():
+                if self._peak_mem.get(device, 0) < snapshot["Total"]:
+                    self._peak_mem[device] = snapshot["Total"]
+                    self._peak_mem_snap[device] = dict(snapshot)
+
+    class ShardedTracker(PeakOnly, FSDPMemTracker):
+        pass
+
+    class FrozenAwareTracker(PeakOnly, MemTracker):
+        """MemTracker hooks the gradient of every parameter of each module it sees run, and a frozen one (a
+        LoRA base, the reward model) refuses the hook: a module is hooked only when all its parameters
+        train; a frozen base's adapters are hooked when their own layers run."""
+
+        def _track_module_params_and_buffers(
+            self, module: torch.nn.Module, install_grad_hooks: bool = True
+        ) -> tuple[int, int]:
+            trains = all(p.requires_grad for p in module.parameters())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks and trains)
+
+    root = hf_model(model)
+    if isinstance(root, FSDPModule):
+        return ShardedTracker(root, optimizer)
+    tracker = FrozenAwareTracker()
+    tracker.track_external(model, *([optimizer] if optimizer is not None else []))
+    return tracker
+
+
+def _by_term(snapshot: dict[str, int]) -> dict[str, int]:
+    return {term: sum(snapshot.get(c, 0) for c in names) for term, names in CATEGORIES.items()}
+
+
+def _parts(resident: dict[str, int], start: dict[str, int], snapshot: dict) -> dict[str, int]:
+    at_peak = _by_term(snapshot.get(HOST, {}))
+    parts = dict(resident)
+    for term in CATEGORIES:
+        parts[term] = parts.get(term, 0) + at_peak[term] - start[term]
+    return parts
+
+
+def _traced_pass(
+    name: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    run: Callable[[Any], Any],
+    resident: dict[str, int],
+) -> list[PhasePeak]:
+    """Run one pass under the tracker: its peak is what is resident plus what the pass adds over its start.
+    A training pass also gives its peak before the optimizer steps (forward and backward alone)."""
+    tracker = _tracker(model, optimizer)
+    before_step: list[dict] = []
+    hook = None
+    if optimizer is not None:
+        hook = optimizer.register_step_pre_hook(
+            lambda *_: before_step.append(tracker.get_tracker_snapshot("peak"))
+        )
+    try:
+        with tracker:
+            start = _by_term(tracker.get_tracker_snapshot("current").get(HOST, {}))
+            run(tracker)
+    finally:
+        if hook is not None:
+            hook.remove()
+    peaks = []
+    if before_step:
+        backward = _parts(resident, start, before_step[0])
+        peaks.append(PhasePeak(name.replace("update", "backward"), sum(backward.values()), backward))
+    parts = _parts(resident, start, tracker.get_tracker_snapshot("peak"))
+    return [*peaks, PhasePeak(name, sum(parts.values()), parts)]
+
+
+def _one_step(config: ProbeConfig, world_size: int) -> ProbeConfig:
+    """The update of one mini-batch, one optimizer step, of at most two micro-batches: the second holds the
+    gradients the first left, and every later one holds exactly what the second did."""
+    steps = min(config.gradient_accumulation_steps, 2)
+    mini = config.micro_batch_size * steps * world_size
+    return dataclasses.replace(config, train_batch_size=mini, gradient_accumulation_steps=steps)
+
+
+def _passes(models: Any, ctx: Any, batch: dict, config: ProbeConfig, world_size: int):
+    """(name, model, optimizer, run) of each training pass the probe makes, in its order."""
+    from autotune.probe.rank import ppo
+
+    micro = config.forward_micro_batch_size
+    scoring = {k: v[:micro] for k, v in batch.items()}
+    actor = ppo.unwrap(models.actor)
+
+    def log_probs(model: torch.nn.Module) -> Callable[[Any], Any]:
+        return lambda _: ppo._forward_in_micro_batches(
+            lambda i, m, r: ppo.response_log_probs(model, ctx, i, m, r), scoring, micro
+        )
+
+    def without_adapters(tracker: Any) -> Any:
+        with actor.disable_adapter():
+            return log_probs(actor)(tracker)
+
+    def trained(model: torch.nn.Module, optimizer: Any, loss: Callable) -> Callable[[Any], Any]:
+        def each_micro_batch(tracker: Any) -> Callable:
+            def fresh(cx: Any, b: dict, i: torch.Tensor) -> torch.Tensor:
+                tracker.reset_mod_stats()  # the tracker's per-module view takes one forward at a time
+                return loss(cx, b, i)
+
+            return fresh
+
+        step = dataclasses.replace(ctx, config=_one_step(config, world_size))
+        generator = torch.Generator().manual_seed(0)
+        return lambda tracker: ppo._train(model, optimizer, each_micro_batch(tracker), step, batch, generator)
+
+    yield "log-prob", actor, None, log_probs(actor)
+    if config.use_kl and models.ref is None:
+        yield "reference", actor, None, without_adapters
+    elif config.use_kl:
+        yield "reference", models.ref, None, log_probs(models.ref)
+    if models.critic is not None:
+        critic = ppo.unwrap(models.critic)
+        values = lambda _: ppo._forward_in_micro_batches(  # noqa: E731
+            lambda i, m, r: ppo.response_values(critic, ctx, i, m, r.shape[1]), scoring, micro
+        )
+        yield "values", critic, None, values
+    if models.reward is not None:
+        share = {k: v[: config.rollout_batch_size // world_size] for k, v in batch.items()}
+        yield "reward", models.reward, None, lambda _: ppo.reward_scores(models, ctx, share)
+    if models.critic is not None:
+        critic_loss = lambda cx, b, i: ppo._critic_loss(models, cx, b, i)  # noqa: E731
+        update = trained(models.critic, models.critic_optimizer, critic_loss)
+        yield "critic update", models.critic, models.critic_optimizer, update
+    actor_loss = lambda cx, b, i: ppo._actor_loss(models, cx, b, i)  # noqa: E731
+    update = trained(models.actor, models.actor_optimizer, actor_loss)
+    yield "actor update", models.actor, models.actor_optimizer, update
+
+
+# --- the trace --------------------------------------------------------------------------------------------
+
+
+def trace_memory(
+    actor_spec: Any,
+    reward_spec: Any,
+    config: ProbeConfig,
+    world_size: int = 1,
+    layout: str = "cuda",
+) -> MemoryTrace:
+    """Trace the probe's scoring and update passes of `config` on one rank of `world_size`.
+
+    Raises TraceUnavailable (one line) for what the tracer does not handle: offload, an architecture whose
+    code reads tensor values, a process group already running here."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from autotune.memory.model import Architecture, predict_components
+    from autotune.probe.rank import ppo
+    from autotune.probe.rank.models import build_models
+    from autotune.probe.rank.sharding import device_mesh
+
+    _refuse(config, layout)
+    config = config.with_fixed_micro_batches(world_size)
+    started = time.perf_counter()
+    notes = [NOT_TRACED]
+    with fake_world(world_size):
+        if config.sharded:
+            device_mesh(HOST.type, world_size)  # a mesh reads real rank tensors: made before the fake mode
+        with FakeTensorMode(allow_non_fake_inputs=True), _conversions_that_rebind():
+            try:
+                models = build_models(
+                    actor_spec,
+                    reward_spec,
+                    config,
+                    HOST,
+                    world_size if config.sharded else 1,  # DDP cannot wrap fake tensors: see the docstring
+                    precision=layout == "cuda",
+                )
+                _warm_up(models, layout)
+                batch = _rollout_batch(config, world_size)
+                resident = _resident(models, batch, layout, config.sharded)
+                compute = torch.bfloat16 if layout == "cuda" else None
+                ctx = ppo.StepContext(config, HOST, world_size, pad_token_id=0, compute_dtype=compute)
+                phases = [
+                    peak
+                    for name, model, optimizer, run in _passes(models, ctx, batch, config, world_size)
+                    for peak in _traced_pass(name, model, optimizer, run, resident)
+                ]
+            except TraceUnavailable:
+                raise
+            except Exception as error:  # an architecture or op the fake mode cannot run
+                first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                raise TraceUnavailable(f"the trace failed: {type(error).__name__}: {first[:200]}") from error
+    states = dict(resident)
+    if world_size > 1 and not config.sharded:
+        arch = Architecture.from_specs(actor_spec, reward_spec)
+        buckets = predict_components(arch, config, world_size, layout).ddp_buckets
+        states["ddp_buckets"] = buckets
+        phases = [
+            dataclasses.replace(p, peak=p.peak + buckets, parts={**p.parts, "ddp_buckets": buckets})
+            for p in phases
+        ]
+        notes.append(DDP_NOTE)
+    if layout == "cuda" and config.sharded and config.use_kl and not config.use_lora:
+        notes.append(HOST_REFERENCE_NOTE)
+    return MemoryTrace(world_size, layout, states, phases, time.perf_counter() - started, notes)
