@@ -53,6 +53,7 @@ from autotune.formats.trl import TRL_KIND
 from autotune.memory.budget import Budget
 from autotune.memory.gpus import gpu_memory_gib, normalise
 from autotune.memory.model import Architecture
+from autotune.memory.trace_compare import TracedCheck
 from autotune.memory.verdict import (
     memory_findings,
 )
@@ -87,6 +88,7 @@ class CheckOptions:
     cores: int | None = None
     prompt_key: str | None = None
     response_key: str | None = None
+    trace: bool = False  # also trace the training passes under FakeTensorMode (autotune.memory.trace)
 
 
 @dataclass
@@ -97,6 +99,7 @@ class CheckResult:
     card: str | None  # "a100-40g (40.0 GiB)"
     findings: list[Finding]
     memory: dict[str, Any] | None = None
+    traced: TracedCheck | None = None
 
     @property
     def problems(self) -> list[Finding]:
@@ -120,6 +123,7 @@ class CheckResult:
             "config": self.target.config.to_dict() if self.target.config else None,
             "sharding": self.target.sharding,
             "memory": self.memory,
+            "trace": self.traced.to_dict() if self.traced else None,
             "layout_assumed": self.target.layout_assumed,
             "findings": [f.to_dict() for f in self.findings],  # each with its severity
             "problems": [f.to_dict() for f in self.problems],
@@ -278,13 +282,13 @@ def check(options: CheckOptions) -> CheckResult:
         findings += verl_findings(target.overrides, gpus)
         findings.append(Finding("verl", VERL_NAMES, severity="note"))
     config = target.config
-    memory = None
+    memory, traced = None, None
     if config is not None:
         findings += _rule_findings(config, gpus, options.cores, verl=target.overrides is not None)
         if target.overrides is None and target.kind != TRL_KIND:  # neither verl nor TRL has a rollout batch
             findings += rollout_findings(config, gpus, target.measured)
         findings += reward_findings(target)
-        model_findings, memory = _model_checks(options, target, config, gpus, card)
+        model_findings, memory, traced = _model_checks(options, target, config, gpus, card)
         findings += model_findings
     else:
         findings.append(
@@ -293,12 +297,12 @@ def check(options: CheckOptions) -> CheckResult:
             )
         )
     label = card.label if card else None
-    return CheckResult(str(options.path), target, gpus, label, findings, memory)
+    return CheckResult(str(options.path), target, gpus, label, findings, memory, traced)
 
 
 def _model_checks(
     options: CheckOptions, target: Target, config: ProbeConfig, gpus: int, card: Budget | None
-) -> tuple[list[Finding], dict[str, Any] | None]:
+) -> tuple[list[Finding], dict[str, Any] | None, TracedCheck | None]:
     """Lengths against the data, positions and memory: the checks that need the model."""
     from autotune.models.registry import resolve_model
 
@@ -316,16 +320,25 @@ def _model_checks(
             f"memory not checked: model {shown!r} is not one autotune knows; pass --model NAME or a "
             f"local directory"
         )
-        return [*findings, Finding("memory", note, severity="note")], None
+        traced = None
+        if options.trace:
+            traced = TracedCheck([], [], 0.0, gpus, "cuda", failed="the model is not one autotune knows")
+        return [*findings, Finding("memory", note, severity="note")], None, traced
     spec = resolve_model(name)
     findings += model_findings(config, spec, getattr(target.engine, "tensor_model_parallel_size", None))
     reward = registry_name(target.reward_model)
     if target.reward_model and reward is None:
         note = f"reward model {target.reward_model!r} is not one autotune knows: its memory is not counted"
         findings.append(Finding("memory", note, severity="note"))
-    arch = Architecture.from_specs(spec, resolve_model(reward) if reward else None)
+    reward_spec = resolve_model(reward) if reward else None
+    arch = Architecture.from_specs(spec, reward_spec)
     memory_found, memory = memory_findings(arch, target, config, gpus, card, report)
-    return findings + memory_found, memory
+    traced = None
+    if options.trace:  # the layout of the device the verdict is about
+        from autotune.memory.trace_compare import traced_check
+
+        traced = traced_check(spec, reward_spec, config, gpus, memory.get("device", "cuda"))
+    return findings + memory_found, memory, traced
 
 
 def print_result(result: CheckResult) -> None:
@@ -340,6 +353,8 @@ def print_result(result: CheckResult) -> None:
         print(f"{MARKS.get(f.severity, '·')} {f.check}: {f.problem}")
         if f.fix:
             print(f"    fix: {f.fix}")
+    for line in result.traced.lines() if result.traced else ():
+        print(line)
     print(_summary(len(result.problems), len(result.warnings)))
 
 

@@ -22,6 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         [
             "autotune check reports/my-study/best_config.yaml",
             "autotune check verl_overrides.txt --gpus 8 --gpu h100-80g --data data/train.jsonl",
+            "autotune check config.yaml --gpus 2 --trace",
         ],
     )
     parser.add_argument("config", type=Path, help="a YAML config or a verl override file (key=value lines)")
@@ -34,6 +35,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--cores", type=COUNT, help="physical cores of the training machine")
     parser.add_argument("--prompt-key", help="prompt column of --data")
     parser.add_argument("--response-key", help="response column of --data")
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="also trace the training passes of the real model under FakeTensorMode (no GPU, no weights; "
+        "20-90 s for a 7B model) and print them beside the memory model's terms",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON object")
     parser.set_defaults(handler=run)
 

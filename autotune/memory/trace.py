@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -412,7 +413,8 @@ def trace_memory(
     config = config.with_fixed_micro_batches(world_size)
     started = time.perf_counter()
     notes = [NOT_TRACED]
-    with fake_world(world_size):
+    with fake_world(world_size), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch and transformers warn about fake tensors' data pointers
         if config.sharded:
             device_mesh(HOST.type, world_size)  # a mesh reads real rank tensors: made before the fake mode
         with FakeTensorMode(allow_non_fake_inputs=True), _conversions_that_rebind():

@@ -1,0 +1,186 @@
+"""The analytic memory model against the traced one at real sizes, and the trace against a real CPU run.
+
+    python -m bench.trace collect                   # ~30 traces of 7B/13B models, 20-90 s each (resumable)
+    python -m bench.trace table                     # median and worst relative error per term (Markdown)
+    python -m bench.trace measured                  # tiny models: trace vs a real CPU run, state and peak
+
+`collect` appends one line per configuration to bench/results/trace.jsonl: the config, the trace
+(`autotune.memory.trace`, GPU layout) and the analytic terms (`predict_components`, CUDA). The grid: the seed
+article's three scenarios, and for llama-2-7b, llama-2-13b and qwen2.5-7b one knob at a time around a base
+(GRPO with KL, full_shard over 2 ranks, micro batch 4, 512 + 512 tokens, checkpointing on, full fine-tuning):
+micro batch 1 and 16, lengths 256 + 256 and 2048 + 2048, checkpointing off, W 1, 4 and 8, LoRA, replicate and
+shard_grad_op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from autotune.config.knobs import ProbeConfig
+from bench.common import RESULTS
+
+OUT = RESULTS / "trace.jsonl"
+SEED = Path(__file__).resolve().parents[1] / "tests" / "data"
+BASE = {
+    "algorithm": "grpo",
+    "rollout_n": 4,
+    "kl_coef": 0.001,
+    "sharding": "full_shard",
+    "train_batch_size": 64,
+    "rollout_batch_size": 64,
+    "micro_batch_size": 4,
+    "gradient_accumulation_steps": 2,
+    "max_prompt_length": 512,
+    "max_response_length": 512,
+    "gradient_checkpointing": True,
+}
+VARIATIONS: list[tuple[str, dict[str, Any], int]] = [  # (name, knobs over BASE, ranks)
+    ("base", {}, 2),
+    ("m1", {"micro_batch_size": 1}, 2),
+    ("m16", {"micro_batch_size": 16, "gradient_accumulation_steps": 1}, 2),
+    ("len512", {"max_prompt_length": 256, "max_response_length": 256}, 2),
+    ("len4096", {"max_prompt_length": 2048, "max_response_length": 2048}, 2),
+    ("no-ckpt", {"gradient_checkpointing": False}, 2),
+    ("w1", {}, 1),
+    ("w4", {}, 4),
+    ("w8", {}, 8),
+    ("lora", {"use_lora": True, "lora_r": 64}, 2),
+    ("replicate", {"sharding": "replicate"}, 2),
+    ("shard-grad-op", {"sharding": "shard_grad_op"}, 2),
+]
+MODELS = ("llama-2-7b", "llama-2-13b", "qwen2.5-7b")
+SCENARIOS = (
+    ("seed-5.1", "seed_scenario_1.yaml", 2),
+    ("seed-5.2", "seed_scenario_2.yaml", 4),
+    ("seed-5.3", "seed_scenario_3.yaml", 1),
+)
+
+
+def _cases() -> list[dict[str, Any]]:
+    from autotune.formats.read import read_target
+    from autotune.models.names import registry_name
+
+    cases = []
+    for name, file, gpus in SCENARIOS:
+        target = read_target(SEED / file, gpus)
+        reward = registry_name(target.reward_model) if target.reward_model else None
+        assert target.config is not None
+        cases.append(
+            {
+                "name": name,
+                "model": registry_name(target.model),
+                "reward": reward,
+                "gpus": gpus,
+                "config": target.config.to_dict(),
+            }
+        )
+    for model in MODELS:
+        for name, knobs, gpus in VARIATIONS:
+            config = dataclasses.replace(ProbeConfig(), **{**BASE, **knobs})
+            cases.append(
+                {
+                    "name": f"{model}/{name}",
+                    "model": model,
+                    "reward": None,
+                    "gpus": gpus,
+                    "config": config.to_dict(),
+                }
+            )
+    return cases
+
+
+def _config(case: dict[str, Any]) -> ProbeConfig:
+    names = {f.name for f in dataclasses.fields(ProbeConfig)}
+    return ProbeConfig(**{k: v for k, v in case["config"].items() if k in names})
+
+
+def collect(out: Path) -> None:
+    from autotune.memory.model import Architecture, predict_components
+    from autotune.memory.trace import TraceUnavailable, trace_memory
+    from autotune.models.registry import resolve_model
+
+    done = {json.loads(line)["name"] for line in out.read_text().splitlines()} if out.exists() else set()
+    for case in _cases():
+        if case["name"] in done:
+            continue
+        spec = resolve_model(case["model"])
+        reward = resolve_model(case["reward"]) if case["reward"] else None
+        config = _config(case)
+        record = dict(case)
+        try:
+            trace = trace_memory(spec, reward, config, case["gpus"])
+            record["trace"] = trace.to_dict()
+        except TraceUnavailable as error:
+            record["trace_error"] = str(error)
+        arch = Architecture.from_specs(spec, reward)
+        record["analytic"] = predict_components(arch, config, case["gpus"], "cuda").to_dict()
+        with out.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        seconds = record.get("trace", {}).get("seconds", 0)
+        print(f"{case['name']}: {seconds:.0f} s {record.get('trace_error', '')}", flush=True)
+
+
+def _rows(record: dict[str, Any]) -> list:
+    from autotune.memory.model import MemoryBreakdown
+    from autotune.memory.trace import MemoryTrace, PhasePeak
+    from autotune.memory.trace_compare import compare
+
+    t = record["trace"]
+    trace = MemoryTrace(
+        t["world_size"],
+        t["layout"],
+        t["states"],
+        [PhasePeak(**p) for p in t["phases"]],
+        t["seconds"],
+        t["notes"],
+    )
+    names = {f.name for f in dataclasses.fields(MemoryBreakdown)}
+    breakdown = MemoryBreakdown(**{k: v for k, v in record["analytic"].items() if k in names})
+    return compare(trace, breakdown)
+
+
+def table(path: Path) -> None:
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    traced = [r for r in records if "trace" in r]
+    by_term: dict[str, list[tuple[float, str]]] = {}
+    for record in traced:
+        for row in _rows(record):
+            if row.error is not None and row.error != float("inf") and max(row.analytic, row.traced) > 0:
+                by_term.setdefault(row.term, []).append((row.error, record["name"]))
+    print(f"{len(traced)} configurations traced, {len(records) - len(traced)} not traced\n")
+    print("| term | median error | worst error (config) | over 10% |")
+    print("|---|---|---|---|")
+    for term, errors in by_term.items():
+        worst = max(errors, key=lambda e: abs(e[0]))
+        over = sum(abs(e) > 0.10 for e, _ in errors)
+        median = statistics.median(e for e, _ in errors)
+        print(f"| {term} | {median:+.1%} | {worst[0]:+.1%} ({worst[1]}) | {over}/{len(errors)} |")
+    for record in records:
+        if "trace_error" in record:
+            print(f"\nnot traced: {record['name']}: {record['trace_error']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["collect", "table", "measured"])
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    if args.command == "collect":
+        collect(args.out)
+    elif args.command == "table":
+        table(args.out)
+    else:
+        from bench.trace_measured import main as measured
+
+        return measured()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

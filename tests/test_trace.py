@@ -1,0 +1,135 @@
+"""The traced memory estimate (autotune.memory.trace): exact states against a real build, 1/W sharding, the
+comparison with the analytic model, and `autotune check --trace`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from autotune.config.knobs import ProbeConfig
+from autotune.memory.model import Architecture, predict_components
+from autotune.memory.trace import TraceUnavailable, _warm_up, trace_memory
+from autotune.memory.trace_compare import compare, traced_check
+from autotune.models.registry import build_causal_lm, build_critic, resolve_model
+from autotune.probe.rank.measure import state_bytes
+from autotune.probe.rank.models import build_models
+
+TINY = ProbeConfig(
+    train_batch_size=8,
+    rollout_batch_size=8,
+    micro_batch_size=2,
+    gradient_accumulation_steps=2,
+    max_prompt_length=16,
+    max_response_length=16,
+    sharding="replicate",
+    algorithm="ppo",
+    kl_coef=0.05,
+)
+STATES = ("weights", "gradients", "optimizer")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return resolve_model("tiny-llama")
+
+
+def _real_states(spec, config: ProbeConfig) -> dict[str, int]:
+    """The CPU probe's models built for real, stepped once: what a probe rank holds between iterations."""
+    models = build_models(spec, None, config, torch.device("cpu"), 1)
+    _warm_up(models, "cpu")
+    return state_bytes(models, "cpu")
+
+
+@pytest.mark.parametrize("knobs", [{}, {"use_lora": True}, {"algorithm": "grpo", "rollout_n": 2}])
+def test_traced_states_are_the_real_builds_bytes(tiny, knobs):
+    config = dataclasses.replace(TINY, **knobs)
+    trace = trace_memory(tiny, None, config, world_size=1, layout="cpu")
+    real = _real_states(tiny, config)
+    assert {k: trace.states[k] for k in STATES} == real
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_a_fake_world_of_w_shards_every_state_by_exactly_1_over_w(tiny, world_size):
+    # GRPO: no critic, whose one-row value head FSDP pads to a row per rank (dim 0 is what it splits)
+    config = dataclasses.replace(TINY, sharding="full_shard", algorithm="grpo", rollout_n=2)
+    whole = trace_memory(tiny, None, config, world_size=1, layout="cuda").states
+    # the batch shrinks with W too: train_batch_size 8 over 1, 2 or 4 ranks
+    part = trace_memory(tiny, None, config, world_size=world_size, layout="cuda").states
+    for key in ("weights", "gradients"):
+        assert part[key] * world_size == whole[key], key
+    # Adam's moments are sharded; its step counter (one fp32 scalar per parameter tensor) is not
+    tensors = sum(1 for _ in build_causal_lm(tiny, device="meta").parameters())
+    assert part["optimizer"] * world_size - whole["optimizer"] == (world_size - 1) * 4 * tensors
+
+
+def test_the_trace_has_every_training_pass_and_peaks_above_its_states(tiny):
+    trace = trace_memory(tiny, None, TINY, world_size=1, layout="cpu")
+    names = [p.name for p in trace.phases]
+    assert names == [
+        "log-prob",
+        "reference",
+        "values",
+        "critic backward",
+        "critic update",
+        "actor backward",
+        "actor update",
+    ]
+    resident = sum(trace.states.values())
+    for phase in trace.phases:
+        assert phase.peak == sum(phase.parts.values())
+        assert phase.peak > resident, phase.name
+    assert any("rollout" in note for note in trace.notes)
+
+
+def test_traced_states_match_the_analytic_states_exactly_at_tiny_size(tiny):
+    trace = trace_memory(tiny, None, TINY, world_size=1, layout="cpu")
+    analytic = predict_components(Architecture.from_specs(tiny), TINY, 1, "cpu")
+    rows = {r.term: r for r in compare(trace, analytic)}
+    for term in ("weights", "gradients"):
+        assert rows[term].analytic == rows[term].traced, term
+    # AdamW's step counters (one fp32 scalar per trained tensor): the analytic model leaves these bytes out
+    tensors = sum(1 for _ in build_causal_lm(tiny, device="meta").parameters())
+    tensors += sum(1 for _ in build_critic(tiny, device="meta").parameters())
+    optimizer = rows["optimizer states"]
+    assert optimizer.traced - optimizer.analytic == 4 * tensors
+
+
+def test_offload_is_refused_in_one_line(tiny):
+    config = dataclasses.replace(TINY, sharding="full_shard", param_offload=True)
+    with pytest.raises(TraceUnavailable, match="offload is not traced"):
+        trace_memory(tiny, None, config, world_size=2)
+    said = traced_check(tiny, None, config, 2, "cuda")
+    assert said.failed and len(said.lines()) == 1 and "analytic model stands" in said.lines()[0]
+
+
+def test_replicate_over_two_ranks_takes_ddp_buckets_from_the_analytic_model(tiny):
+    trace = trace_memory(tiny, None, TINY, world_size=2, layout="cpu")
+    buckets = predict_components(Architecture.from_specs(tiny), TINY, 2, "cpu").ddp_buckets
+    assert trace.states["ddp_buckets"] == buckets > 0
+    assert any("DDP" in note for note in trace.notes)
+
+
+@pytest.mark.e2e
+def test_check_trace_prints_both_estimates_per_phase(tmp_path: Path):
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "rollout_batch_size: 8\ntrain_batch_size: 8\nmicro_batch_size: 2\ngradient_accumulation_steps: 2\n"
+        "max_prompt_length: 16\nmax_response_length: 16\n"
+        "actor_model_config:\n  model_name_or_path: tiny-llama\n"
+    )
+    run = [sys.executable, "-m", "autotune", "check", str(config), "--gpus", "2", "--trace"]
+    shown = subprocess.run(run, capture_output=True, text=True, timeout=300)
+    assert shown.returncode in (0, 1), shown.stderr
+    assert "traced memory (2 rank(s)" in shown.stdout
+    for term in ("scoring: peak", "backward: peak", "update: peak", "weights"):
+        assert term in shown.stdout, term
+    assert "Traceback" not in shown.stderr
+    as_json = subprocess.run([*run, "--json"], capture_output=True, text=True, timeout=300)
+    rows = json.loads(as_json.stdout)["trace"]["rows"]
+    assert {r["term"] for r in rows} >= {"weights", "update: peak"}
