@@ -53,11 +53,11 @@ from autotune.formats.trl import TRL_KIND
 from autotune.memory.budget import Budget
 from autotune.memory.gpus import gpu_memory_gib, normalise
 from autotune.memory.model import Architecture
-from autotune.memory.trace_compare import TracedCheck
 from autotune.memory.verdict import (
     memory_findings,
 )
 from autotune.models.names import registry_name
+from autotune.probe.traced import TracedCheck
 from autotune.units import GIB, divisors
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class CheckOptions:
     cores: int | None = None
     prompt_key: str | None = None
     response_key: str | None = None
-    trace: bool = False  # also trace the training passes under FakeTensorMode (autotune.memory.trace)
+    trace: bool = False  # also trace the training passes under FakeTensorMode (autotune.probe.rank.trace)
 
 
 @dataclass
@@ -335,7 +335,7 @@ def _model_checks(
     memory_found, memory = memory_findings(arch, target, config, gpus, card, report)
     traced = None
     if options.trace:  # the layout of the device the verdict is about
-        from autotune.memory.trace_compare import traced_check
+        from autotune.probe.traced import traced_check
 
         traced = traced_check(spec, reward_spec, config, gpus, memory.get("device", "cuda"))
     return findings + memory_found, memory, traced

@@ -5,11 +5,12 @@
     python -m bench.trace measured                  # tiny models: trace vs a real CPU run, state and peak
 
 `collect` appends one line per configuration to bench/results/trace.jsonl: the config, the trace
-(`autotune.memory.trace`, GPU layout) and the analytic terms (`predict_components`, CUDA). The grid: the seed
-article's three scenarios, and for llama-2-7b, llama-2-13b and qwen2.5-7b one knob at a time around a base
-(GRPO with KL, full_shard over 2 ranks, micro batch 4, 512 + 512 tokens, checkpointing on, full fine-tuning):
-micro batch 1 and 16, lengths 256 + 256 and 2048 + 2048, checkpointing off, W 1, 4 and 8, LoRA, replicate and
-shard_grad_op.
+(`autotune.probe.rank.trace`, GPU layout) and the analytic terms (`predict_components`, CUDA).
+
+The grid: the seed article's three scenarios; and for llama-2-7b, llama-2-13b and qwen2.5-7b, one knob at a
+time around a base (GRPO with KL, full_shard over 2 ranks, micro batch 4, 512 + 512 tokens, checkpointing on,
+full fine-tuning): micro batch 1 and 16, lengths 256 + 256 and 2048 + 2048, checkpointing off, W 1, 4 and 8,
+LoRA, replicate and shard_grad_op.
 """
 
 from __future__ import annotations
@@ -102,8 +103,9 @@ def _config(case: dict[str, Any]) -> ProbeConfig:
 
 def collect(out: Path) -> None:
     from autotune.memory.model import Architecture, predict_components
-    from autotune.memory.trace import TraceUnavailable, trace_memory
     from autotune.models.registry import resolve_model
+    from autotune.probe.rank.trace import trace_memory
+    from autotune.probe.traced import TraceUnavailable
 
     done = {json.loads(line)["name"] for line in out.read_text().splitlines()} if out.exists() else set()
     for case in _cases():
@@ -128,8 +130,7 @@ def collect(out: Path) -> None:
 
 def _rows(record: dict[str, Any]) -> list:
     from autotune.memory.model import MemoryBreakdown
-    from autotune.memory.trace import MemoryTrace, PhasePeak
-    from autotune.memory.trace_compare import compare
+    from autotune.probe.traced import MemoryTrace, PhasePeak, compare
 
     t = record["trace"]
     trace = MemoryTrace(

@@ -1,5 +1,5 @@
-"""The traced memory estimate (autotune.memory.trace): exact states against a real build, 1/W sharding, the
-comparison with the analytic model, and `autotune check --trace`."""
+"""The traced memory estimate (autotune.probe.rank.trace): exact states against a real build, 1/W sharding,
+the comparison with the analytic model, and `autotune check --trace`."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import torch
 
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import Architecture, predict_components
-from autotune.memory.trace import TraceUnavailable, _warm_up, trace_memory
-from autotune.memory.trace_compare import compare, traced_check
 from autotune.models.registry import build_causal_lm, build_critic, resolve_model
 from autotune.probe.rank.measure import state_bytes
 from autotune.probe.rank.models import build_models
+from autotune.probe.rank.trace import _warm_up, trace_memory
+from autotune.probe.traced import TraceUnavailable, compare, traced_check
 
 TINY = ProbeConfig(
     train_batch_size=8,
@@ -104,8 +104,24 @@ def test_offload_is_refused_in_one_line(tiny):
     config = dataclasses.replace(TINY, sharding="full_shard", param_offload=True)
     with pytest.raises(TraceUnavailable, match="offload is not traced"):
         trace_memory(tiny, None, config, world_size=2)
+
+
+@pytest.mark.e2e
+def test_a_config_the_tracer_cannot_run_says_so_in_one_line(tiny):
+    config = dataclasses.replace(TINY, sharding="full_shard", param_offload=True)
     said = traced_check(tiny, None, config, 2, "cuda")
-    assert said.failed and len(said.lines()) == 1 and "analytic model stands" in said.lines()[0]
+    assert said.failed and "offload is not traced" in said.failed
+    assert len(said.lines()) == 1 and "the analytic model stands" in said.lines()[0]
+
+
+@pytest.mark.e2e
+def test_the_trace_process_gives_what_the_trace_gives(tiny):
+    in_process = trace_memory(tiny, None, TINY, world_size=1, layout="cpu")
+    said = traced_check(tiny, None, TINY, 1, "cpu")
+    assert said.failed is None
+    rows = {r.term: r.traced for r in said.rows}
+    assert rows["weights"] == in_process.states["weights"]
+    assert rows["update: peak"] == in_process.peak("update").peak
 
 
 def test_replicate_over_two_ranks_takes_ddp_buckets_from_the_analytic_model(tiny):

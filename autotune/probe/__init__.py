@@ -10,6 +10,7 @@ __all__ = [
     "forkserver",
     "launcher",
     "rank",
+    "traced",
     "trl",
     "verl",
 ]

@@ -1,27 +1,103 @@
-"""The traced estimate beside the analytic model's, term by term and phase by phase.
+"""The traced memory estimate, tuner side: run the trace in its own process, set it beside the analytic model.
 
+    said = traced_check(spec, None, config, world_size=2, layout="cuda")   # `autotune check --trace`
+    print("\n".join(said.lines()))
     rows = compare(trace, predict_components(arch, config, world_size, "cuda"))
-    for row in rows: print(row.term, row.analytic, row.traced, row.error)
 
-Both sides are per-rank tensor bytes, with no runtime constant and no allocator factor: the analytic side is
-`predict_components` (the model's raw terms), the traced side `autotune.memory.trace`. A row's `error` is
+The trace itself (`autotune.probe.rank.trace`) runs the probe rank's code, so it runs as a rank does: in a
+process of its own (`python -m autotune.probe.rank.trace JOB`), which also keeps its fake process group and
+fake tensors out of this one. Both sides are per-rank tensor bytes, with no runtime constant and no allocator
+factor: the analytic side is `predict_components` (the model's raw terms). A row's `error` is
 (analytic − traced) / traced: positive when the analytic model says more.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from autotune.memory.model import MemoryBreakdown
+from autotune.probe.launcher import runner_path
 from autotune.units import GIB
 
-if TYPE_CHECKING:  # the trace imports torch: only when one runs
+if TYPE_CHECKING:
     from autotune.config.knobs import ProbeConfig
-    from autotune.memory.trace import MemoryTrace, PhasePeak
     from autotune.models.registry import ModelSpec
 
-__all__ = ["TraceRow", "compare", "format_rows"]
+__all__ = [
+    "MemoryTrace",
+    "PhasePeak",
+    "TraceRow",
+    "TraceUnavailable",
+    "TracedCheck",
+    "compare",
+    "format_rows",
+    "traced_check",
+]
+
+TRACE_TIMEOUT = 900  # seconds: a 13B PPO config with a critic traces in about two minutes here
+
+# which of the analytic model's phases each traced pass belongs to
+ANALYTIC_PHASE = {
+    "log-prob": "scoring",
+    "reference": "scoring",
+    "values": "scoring",
+    "reward": "scoring",
+    "critic backward": "update",  # forward and backward, before the optimizer steps
+    "critic update": "update",  # the whole update, the step included
+    "actor backward": "update",
+    "actor update": "update",
+}
+
+
+class TraceUnavailable(Exception):
+    """The trace cannot run for this config or architecture; the message is one line saying why."""
+
+
+@dataclass(frozen=True)
+class PhasePeak:
+    """One traced pass: its peak bytes per rank, everything resident included, and what makes it up."""
+
+    name: str
+    peak: int
+    parts: dict[str, int]
+
+    @property
+    def analytic_phase(self) -> str:
+        return ANALYTIC_PHASE[self.name]
+
+
+@dataclass(frozen=True)
+class MemoryTrace:
+    world_size: int
+    layout: str
+    states: dict[str, int]  # resident per rank between phases: weights, gradients, optimizer, rollout buffer
+    phases: list[PhasePeak]
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    def peak(self, analytic_phase: str) -> PhasePeak | None:
+        """The largest traced pass of one of the analytic model's phases ("scoring", "update")."""
+        passes = [p for p in self.phases if p.analytic_phase == analytic_phase]
+        return max(passes, key=lambda p: p.peak, default=None)
+
+    @property
+    def total(self) -> int:
+        return max((p.peak for p in self.phases), default=sum(self.states.values()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"total": self.total}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MemoryTrace:
+        phases = [PhasePeak(**p) for p in data["phases"]]
+        return cls(data["world_size"], data["layout"], data["states"], phases, data["seconds"], data["notes"])
+
 
 DISAGREES = 0.10  # a term whose two estimates differ by more than this is worth a look...
 NOTICEABLE = 64 * 1024**2  # ...when the difference is large enough to matter on a card
@@ -157,15 +233,46 @@ class TracedCheck:
         }
 
 
+def _model_ref(spec: ModelSpec) -> str:
+    return str(spec.path) if spec.source == "local" and spec.path else spec.name
+
+
+def run_trace(
+    actor_spec: ModelSpec, reward_spec: ModelSpec | None, config: ProbeConfig, world_size: int, layout: str
+) -> MemoryTrace:
+    """The trace, in a process of its own; TraceUnavailable (one line) when it cannot run."""
+    job = {
+        "model": _model_ref(actor_spec),
+        "reward": _model_ref(reward_spec) if reward_spec else None,
+        "trust_remote_code": actor_spec.trust_remote_code,
+        "config": dataclasses.asdict(config),
+        "world_size": world_size,
+        "layout": layout,
+    }
+    command = [sys.executable, str(runner_path("memory_trace.py")), json.dumps(job)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MASTER_ADDR": "", "RANK": "", "WORLD_SIZE": ""}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TRACE_TIMEOUT, env=env)
+    except subprocess.TimeoutExpired as error:
+        raise TraceUnavailable(f"the trace ran over {TRACE_TIMEOUT} s") from error
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise TraceUnavailable(f"the trace process failed (exit {done.returncode}): {last[:200]}")
+    data = json.loads(lines[-1])
+    if "failed" in data:
+        raise TraceUnavailable(data["failed"])
+    return MemoryTrace.from_dict(data)
+
+
 def traced_check(
     actor_spec: ModelSpec, reward_spec: ModelSpec | None, config: ProbeConfig, world_size: int, layout: str
 ) -> TracedCheck:
     """Trace `config` and set it beside the analytic terms; a trace that cannot run says why in one line."""
     from autotune.memory.model import Architecture, predict_components
-    from autotune.memory.trace import TraceUnavailable, trace_memory
 
     try:
-        trace = trace_memory(actor_spec, reward_spec, config, world_size, layout)
+        trace = run_trace(actor_spec, reward_spec, config, world_size, layout)
     except TraceUnavailable as error:
         return TracedCheck([], [], 0.0, world_size, layout, failed=str(error))
     arch = Architecture.from_specs(actor_spec, reward_spec)

@@ -29,14 +29,14 @@ import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from autotune.config.knobs import ProbeConfig
+from autotune.probe.traced import MemoryTrace, PhasePeak, TraceUnavailable
 
-__all__ = ["LAYOUTS", "MemoryTrace", "PhasePeak", "TraceUnavailable", "trace_memory"]
+__all__ = ["LAYOUTS", "main", "trace_memory"]
 
 LAYOUTS = ("cuda", "cpu")
 HOST = torch.device("cpu")
@@ -50,17 +50,6 @@ CATEGORIES = {
     "activations": ("Activation", "Inputs", "Other"),
     "temporaries": ("Temp",),
 }
-# which of the analytic model's phases each traced pass belongs to
-ANALYTIC_PHASE = {
-    "log-prob": "scoring",
-    "reference": "scoring",
-    "values": "scoring",
-    "reward": "scoring",
-    "critic backward": "update",  # forward and backward, before the optimizer steps
-    "critic update": "update",  # the whole update, the step included
-    "actor backward": "update",
-    "actor update": "update",
-}
 DDP_NOTE = "DDP's gradient buckets are the analytic model's: its C++ reducer cannot run on fake tensors"
 HOST_REFERENCE_NOTE = (
     "the reference's shards live on the host in a GPU run (verl's forward-only engine): not counted"
@@ -68,45 +57,6 @@ HOST_REFERENCE_NOTE = (
 NOT_TRACED = (
     "rollout is the analytic model's: Hugging Face generate stops on tensor values, which fake tensors lack"
 )
-
-
-class TraceUnavailable(Exception):
-    """The trace cannot run for this config or architecture; the message is one line saying why."""
-
-
-@dataclass(frozen=True)
-class PhasePeak:
-    """One traced pass: its peak bytes per rank, everything resident included, and what makes it up."""
-
-    name: str
-    peak: int
-    parts: dict[str, int]
-
-    @property
-    def analytic_phase(self) -> str:
-        return ANALYTIC_PHASE[self.name]
-
-
-@dataclass(frozen=True)
-class MemoryTrace:
-    world_size: int
-    layout: str
-    states: dict[str, int]  # resident per rank between phases: weights, gradients, optimizer, rollout buffer
-    phases: list[PhasePeak]
-    seconds: float
-    notes: list[str] = field(default_factory=list)
-
-    def peak(self, analytic_phase: str) -> PhasePeak | None:
-        """The largest traced pass of one of the analytic model's phases ("scoring", "update")."""
-        passes = [p for p in self.phases if p.analytic_phase == analytic_phase]
-        return max(passes, key=lambda p: p.peak, default=None)
-
-    @property
-    def total(self) -> int:
-        return max((p.peak for p in self.phases), default=sum(self.states.values()))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"total": self.total}
 
 
 # --- the fake world ---------------------------------------------------------------------------------------
@@ -455,3 +405,25 @@ def trace_memory(
     if layout == "cuda" and config.sharded and config.use_kl and not config.use_lora:
         notes.append(HOST_REFERENCE_NOTE)
     return MemoryTrace(world_size, layout, states, phases, time.perf_counter() - started, notes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """runners/memory_trace.py JOB: JOB is JSON {"model", "reward", "trust_remote_code",
+    "config", "world_size", "layout"}; prints the trace as JSON, or {"failed": why} when it cannot run."""
+    import json
+    import sys
+
+    from autotune.models.registry import resolve_model
+
+    job = json.loads((sys.argv[1:] if argv is None else argv)[0])
+    trusted = bool(job.get("trust_remote_code", False))
+    try:
+        spec = resolve_model(job["model"], trust_remote_code=trusted)
+        reward = resolve_model(job["reward"], trust_remote_code=trusted) if job.get("reward") else None
+        config = ProbeConfig(**job["config"])
+        trace = trace_memory(spec, reward, config, int(job["world_size"]), job["layout"])
+    except TraceUnavailable as error:
+        print(json.dumps({"failed": str(error)}))
+        return 0
+    print(json.dumps(trace.to_dict()))
+    return 0
