@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config.knobs import ProbeConfig
+from autotune.memory.model import MemoryBreakdown
 from bench.common import RESULTS
 
 OUT = RESULTS / "trace.jsonl"
@@ -129,7 +130,6 @@ def collect(out: Path) -> None:
 
 
 def _rows(record: dict[str, Any]) -> list:
-    from autotune.memory.model import MemoryBreakdown
     from autotune.probe.traced import MemoryTrace, PhasePeak, compare
 
     t = record["trace"]
@@ -141,9 +141,17 @@ def _rows(record: dict[str, Any]) -> list:
         t["seconds"],
         t["notes"],
     )
-    names = {f.name for f in dataclasses.fields(MemoryBreakdown)}
-    breakdown = MemoryBreakdown(**{k: v for k, v in record["analytic"].items() if k in names})
-    return compare(trace, breakdown)
+    return compare(trace, _analytic(record))
+
+
+def _analytic(record: dict[str, Any]) -> MemoryBreakdown:
+    """The analytic terms by today's model (the file keeps those of the day it was collected)."""
+    from autotune.memory.model import Architecture, predict_components
+    from autotune.models.registry import resolve_model
+
+    reward = resolve_model(record["reward"]) if record["reward"] else None
+    arch = Architecture.from_specs(resolve_model(record["model"]), reward)
+    return predict_components(arch, _config(record), record["gpus"], "cuda")
 
 
 def table(path: Path) -> None:

@@ -257,7 +257,7 @@ def test_full_shard_divides_the_states_and_keeps_the_reference_on_the_host():
     layer = (actor - 2 * 32000 * 4096) // 32
     assert gpu.gathered_rollout == actor * 2 + layer * 2
     assert gpu.gathered_update == 2 * layer * 2
-    assert gpu.reduce_scatter == 2 * layer * 4  # the unit's fp32 gradient and its reduce-scatter buffer
+    assert gpu.reduce_scatter == layer * (2 + 4)  # the unit's bf16 gradient and its fp32 reduce-scatter input
     assert gpu.update_autocast_weights == 0  # FSDP casts the gathered weights itself
 
 

@@ -142,13 +142,17 @@ class _Precision:
     trainable: int  # full-model weights that train (fp32 on both devices), and all gradients/moments
     frozen: int  # reference, reward, a LoRA base: bf16 on GPU, fp32 on CPU
     act: int  # matmul outputs: bf16 under GPU autocast, fp32 on CPU
-    residual: int  # the residual stream: the embedding's dtype (fp32 unless the actor is a bf16 LoRA base)
+    residual: int  # the residual stream: the embedding's dtype as the forward sees it (see `of`)
     autocast: bool
 
     @classmethod
-    def of(cls, device: str, use_lora: bool) -> _Precision:
+    def of(cls, device: str, use_lora: bool, sharded: bool = False) -> _Precision:
+        """On CUDA the residual stream is fp32 only where the embedding's weight is: a replicated full model
+        under autocast (autocast leaves the embedding alone). FSDP's mixed precision gathers every weight in
+        bf16 and a LoRA base is bf16, so the stream is bf16 there (the trace at 7B: 32 layers' checkpointed
+        inputs at 2 B per element, not 4)."""
         if device == "cuda":
-            return cls(trainable=4, frozen=2, act=2, residual=2 if use_lora else 4, autocast=True)
+            return cls(trainable=4, frozen=2, act=2, residual=2 if use_lora or sharded else 4, autocast=True)
         return cls(trainable=4, frozen=4, act=4, residual=4, autocast=False)
 
 
@@ -170,7 +174,8 @@ class MemoryBreakdown:
     prefill_activations: int = 0
     generation_autocast_weights: int = 0
     # scoring
-    scoring_activations: int = 0
+    scoring_activations: int = 0  # inside a layer: the final hidden states' size + one layer's transients
+    scoring_hidden: int = 0  # the final hidden states, alive while the logits are made
     scoring_logits: int = 0
     scoring_autocast_weights: int = 0
     reward_activations: int = 0
@@ -307,10 +312,13 @@ def _weights(arch: Architecture, config: ProbeConfig, p: _Precision, held: _Hold
 
 
 def _rollout_buffer(config: ProbeConfig, world_size: int) -> int:
+    """The rank's rollout as `ppo.rollout`, `score` and `advantages` keep it: int64 ids and mask per token,
+    a score per sample, and per response token old log-probs, the mask and advantages, reference log-probs
+    with KL, values and returns for PPO (fp32)."""
     samples = config.train_batch_size // world_size
-    ids_and_masks = 2 * config.sequence_length * 8  # int64 input_ids + attention_mask
-    floats = 8 * config.max_response_length * 4  # scores, old/ref log-probs, values, advantages, returns, ...
-    return samples * (ids_and_masks + floats)
+    ids_and_masks = 2 * config.sequence_length * 8
+    per_token = 3 + config.use_kl + 2 * (config.algorithm == "ppo")
+    return samples * (ids_and_masks + per_token * config.max_response_length * 4 + 4)
 
 
 # ---------------------------------------------------------------------------------------- activation terms
@@ -441,6 +449,7 @@ def _scoring_terms(arch: Architecture, config: ProbeConfig, p: _Precision, world
         critic_cache = _autocast_weight_copy(arch, arch.critic_parameters, p, config, lm_head=False)
     terms = {
         "scoring_activations": hidden + layer,
+        "scoring_hidden": hidden,
         "scoring_logits": logits,
         "scoring_autocast_weights": max(actor_cache, critic_cache),
         "reward_activations": _reward_forward(arch, config, p, world_size),
@@ -480,7 +489,8 @@ def _sharded_terms(arch: Architecture, config: ProbeConfig, p: _Precision, held:
     whole_critic = arch.critic_parameters * p.act if config.algorithm == "ppo" else 0
     whole_ref = whole_actor if config.use_kl and not config.use_lora else 0
     unit = unit_parameters(arch) * p.act
-    trained_grads = 0 if config.use_lora else 2 * unit_parameters(arch) * 4  # the gradient + its RS buffer
+    # backward: the unit's gradient (at the compute dtype) and the fp32 reduce-scatter input it is copied into
+    trained_grads = 0 if config.use_lora else unit_parameters(arch) * (p.act + 4)
     if (
         config.sharding == "shard_grad_op"
     ):  # nothing reshards a forward's weights before that model's backward
@@ -519,7 +529,7 @@ def predict_components(
 
 def _components(arch: Architecture, config: ProbeConfig, world_size: int, device: str) -> MemoryBreakdown:
     config = config.with_fixed_micro_batches(world_size)  # dynamic batches: the sequences a budget holds
-    p = _Precision.of(device, config.use_lora)
+    p = _Precision.of(device, config.use_lora, config.sharded)
     held = _Holding.of(config, world_size, device)
     actor, critic = _trainable_parameters(arch, config)
     trainable = actor + critic
@@ -549,7 +559,10 @@ def _components(arch: Architecture, config: ProbeConfig, world_size: int, device
     phases = {
         "rollout": rollout["kv_cache"] + rollout["generation_logits"] + rollout["prefill_activations"],
         "scoring": max(
-            scoring["scoring_activations"] + scoring["scoring_logits"], scoring["reward_activations"]
+            # a layer's transients are gone when the logits are made (the trace at 7B: the peak is the logits)
+            scoring["scoring_activations"],
+            scoring["scoring_hidden"] + scoring["scoring_logits"],
+            scoring["reward_activations"],
         ),
         "update": max(update["optimizer_step"] if stepping else backward, 0),
     }

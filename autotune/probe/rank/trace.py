@@ -126,20 +126,19 @@ def _resident(models: Any, batch: dict[str, torch.Tensor], layout: str, sharded:
 
 
 def _rollout_batch(config: ProbeConfig, world_size: int) -> dict[str, torch.Tensor]:
-    """The rank's share of a rollout, as `ppo.rollout`, `score` and `advantages` leave it (zeros: a fake
-    tensor's values are never read)."""
+    """The rank's share of a rollout with the keys `ppo.rollout`, `score` and `advantages` leave in it (zeros:
+    a fake tensor's values are never read)."""
     samples, length = config.train_batch_size // world_size, config.max_response_length
     ids = torch.zeros(samples, config.sequence_length, dtype=torch.long)
-    floats = {
-        key: torch.zeros(samples, length)
-        for key in ("old_log_probs", "advantages", "response_mask", "ref_log_probs", "values", "returns")
-    }
+    keys = ["old_log_probs", "response_mask", "advantages"]
+    keys += ["ref_log_probs"] if config.use_kl else []
+    keys += ["values", "returns"] if config.algorithm == "ppo" else []
     return {
         "input_ids": ids,
         "attention_mask": torch.ones_like(ids),
         "responses": ids[:, config.max_prompt_length :],
         "scores": torch.zeros(samples),
-        **floats,
+        **{key: torch.zeros(samples, length) for key in keys},
     }
 
 

@@ -1,0 +1,131 @@
+"""The tracer against reality: tiny models' training passes run for real on this CPU, beside their trace.
+
+    python -m bench.trace_measured            # 6 configurations, a fresh process each, about 2 minutes
+
+For each configuration (tiny-llama, one rank, the CPU probe's fp32 layout) a fresh process builds the probe's
+models for real, steps once (as the trace does), and runs each training pass of `autotune.probe.rank.trace`
+with real tensors: what the pass adds to the resident set is its peak RSS less the RSS at its start (the
+probe's own way to measure a CPU rank: large blocks mapped apart so a freed tensor leaves the resident set,
+the high-water mark reset before each pass). Beside it, the same config traced: the pass's peak less what was
+resident at its start. The states (weights, gradients, Adam's) are compared byte for byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+from autotune.config.knobs import ProbeConfig
+
+BASE = ProbeConfig(
+    train_batch_size=16,
+    rollout_batch_size=16,
+    micro_batch_size=4,
+    gradient_accumulation_steps=2,
+    max_prompt_length=128,
+    max_response_length=128,
+    sharding="replicate",
+    algorithm="ppo",
+    kl_coef=0.05,
+)
+CASES = {
+    "ppo-kl": {},
+    "no-ckpt": {"gradient_checkpointing": False},
+    "m8": {"micro_batch_size": 8, "gradient_accumulation_steps": 1},
+    "len512": {"max_prompt_length": 256, "max_response_length": 256},
+    "lora": {"use_lora": True},
+    "grpo": {"algorithm": "grpo", "rollout_n": 2, "kl_coef": 0.0},
+}
+MODEL = "tiny-llama"
+
+
+class _NoTracker:
+    def reset_mod_stats(self) -> None:
+        pass
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def measure(config: ProbeConfig) -> dict[str, Any]:
+    """In this process: the passes run for real, each one's peak RSS over its start (bytes)."""
+    import torch
+
+    from autotune.models.registry import resolve_model
+    from autotune.probe.rank import ppo
+    from autotune.probe.rank.measure import peak_rss_bytes, reset_peak, state_bytes
+    from autotune.probe.rank.models import build_models
+    from autotune.probe.rank.process import return_freed_memory
+    from autotune.probe.rank.trace import _passes, _rollout_batch, _warm_up
+
+    return_freed_memory()
+    torch.manual_seed(0)
+    cpu = torch.device("cpu")
+    models = build_models(resolve_model(MODEL), None, config, cpu, 1)
+    _warm_up(models, "cpu")
+    batch = _rollout_batch(config, 1)
+    ctx = ppo.StepContext(config, cpu, 1, pad_token_id=0)
+    added: dict[str, int] = {}
+    for name, _, optimizer, run in _passes(models, ctx, batch, config, 1):
+        reset_peak("cpu")
+        start = _rss()
+        before_step: list[int] = []
+        hook = None
+        if optimizer is not None:
+            record = before_step.append
+            hook = optimizer.register_step_pre_hook(lambda *_, record=record: record(peak_rss_bytes()))
+        run(_NoTracker())
+        if hook is not None:
+            hook.remove()
+            added[name.replace("update", "backward")] = before_step[0] - start
+        added[name] = peak_rss_bytes() - start
+    return {"added": added, "states": state_bytes(models, "cpu")}
+
+
+def _traced(config: ProbeConfig) -> dict[str, Any]:
+    from autotune.models.registry import resolve_model
+    from autotune.probe.rank.trace import trace_memory
+
+    trace = trace_memory(resolve_model(MODEL), None, config, 1, layout="cpu")
+    resident = sum(trace.states.values())
+    return {
+        "added": {p.name: p.peak - resident for p in trace.phases},
+        "states": {k: trace.states[k] for k in ("weights", "gradients", "optimizer")},
+    }
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--measure":  # the child: one configuration
+        print(json.dumps(measure(dataclasses.replace(BASE, **CASES[sys.argv[2]]))))
+        return 0
+    errors: list[float] = []
+    print("| config | pass | measured MiB | traced MiB | error |")
+    print("|---|---|---|---|---|")
+    for name, knobs in CASES.items():
+        child = [sys.executable, "-m", "bench.trace_measured", "--measure", name]
+        real = json.loads(
+            subprocess.run(child, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+        )
+        traced = _traced(dataclasses.replace(BASE, **knobs))
+        same = all(real["states"][k] == traced["states"][k] for k in traced["states"])
+        for phase, measured in real["added"].items():
+            estimate = traced["added"][phase]
+            error = (estimate - measured) / measured if measured > 0 else float("nan")
+            errors.append(error)
+            print(f"| {name} | {phase} | {measured / 2**20:.1f} | {estimate / 2**20:.1f} | {error:+.1%} |")
+        said = "equal" if same else "DIFFER"
+        print(f"| {name} | states (weights, gradients, Adam) | byte for byte: {said} | | |")
+    finite = [e for e in errors if e == e]
+    median, worst = statistics.median(finite), max(finite, key=abs)
+    print(f"\nmedian error {median:+.1%}, worst {worst:+.1%} over {len(finite)} passes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
