@@ -1,13 +1,15 @@
 """The tracer against reality: tiny models' training passes run for real on this CPU, beside their trace.
 
-    python -m bench.trace_measured            # 6 configurations, a fresh process each, about 2 minutes
+    python -m bench.trace_measured                    # 6 configurations, a fresh process each, ~2 minutes
+    python -m bench.trace_measured --measure grpo     # one configuration measured (JSON); --trace: traced
 
 For each configuration (tiny-llama, one rank, the CPU probe's fp32 layout) a fresh process builds the probe's
 models for real, steps once (as the trace does), and runs each training pass of `autotune.probe.rank.trace`
 with real tensors: what the pass adds to the resident set is its peak RSS less the RSS at its start (the
 probe's own way to measure a CPU rank: large blocks mapped apart so a freed tensor leaves the resident set,
-the high-water mark reset before each pass). Beside it, the same config traced: the pass's peak less what was
-resident at its start. The states (weights, gradients, Adam's) are compared byte for byte.
+the high-water mark reset before each pass). Then the same pass again under torch's tracker, on real tensors.
+Beside them, the same config traced on fake tensors: the pass's peak less what was resident at its start.
+The states (weights, gradients, Adam's) are compared byte for byte.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def _rss() -> int:
 
 
 def measure(config: ProbeConfig) -> dict[str, Any]:
-    """In this process: the passes run for real, each one's peak RSS over its start (bytes)."""
+    """In this process: the passes run for real, each one's peak RSS over its start (bytes), and what torch's
+    tracker counts of the same real tensors (the tracer's counting without fake tensors)."""
     import torch
 
     from autotune.models.registry import resolve_model
@@ -62,7 +65,7 @@ def measure(config: ProbeConfig) -> dict[str, Any]:
     from autotune.probe.rank.measure import peak_rss_bytes, reset_peak, state_bytes
     from autotune.probe.rank.models import build_models
     from autotune.probe.rank.process import return_freed_memory
-    from autotune.probe.rank.trace import _passes, _rollout_batch, _warm_up
+    from autotune.probe.rank.trace import _passes, _resident, _rollout_batch, _traced_pass, _warm_up
 
     return_freed_memory()
     torch.manual_seed(0)
@@ -70,9 +73,12 @@ def measure(config: ProbeConfig) -> dict[str, Any]:
     models = build_models(resolve_model(MODEL), None, config, cpu, 1)
     _warm_up(models, "cpu")
     batch = _rollout_batch(config, 1)
+    resident = _resident(models, batch, "cpu", sharded=False)
     ctx = ppo.StepContext(config, cpu, 1, pad_token_id=0)
     added: dict[str, int] = {}
-    for name, _, optimizer, run in _passes(models, ctx, batch, config, 1):
+    tracked: dict[str, int] = {}
+    for name, model, optimizer, run in _passes(models, ctx, batch, config, 1):
+        # plain eager first: any dispatch mode (the tracker's included) changes what eager allocates
         reset_peak("cpu")
         start = _rss()
         before_step: list[int] = []
@@ -85,7 +91,9 @@ def measure(config: ProbeConfig) -> dict[str, Any]:
             hook.remove()
             added[name.replace("update", "backward")] = before_step[0] - start
         added[name] = peak_rss_bytes() - start
-    return {"added": added, "states": state_bytes(models, "cpu")}
+        for peak in _traced_pass(name, model, optimizer, run, resident):  # the same pass, tracked
+            tracked[peak.name] = peak.peak - sum(resident.values())
+    return {"added": added, "tracked": tracked, "states": state_bytes(models, "cpu")}
 
 
 def _traced(config: ProbeConfig) -> dict[str, Any]:
@@ -101,12 +109,13 @@ def _traced(config: ProbeConfig) -> dict[str, Any]:
 
 
 def main() -> int:
-    if len(sys.argv) > 2 and sys.argv[1] == "--measure":  # the child: one configuration
-        print(json.dumps(measure(dataclasses.replace(BASE, **CASES[sys.argv[2]]))))
+    if len(sys.argv) > 2 and sys.argv[1] in ("--measure", "--trace"):  # one configuration, as JSON
+        config = dataclasses.replace(BASE, **CASES[sys.argv[2]])
+        print(json.dumps(measure(config) if sys.argv[1] == "--measure" else _traced(config)))
         return 0
     errors: list[float] = []
-    print("| config | pass | measured MiB | traced MiB | error |")
-    print("|---|---|---|---|---|")
+    print("| config | pass | measured (RSS) MiB | real tensors, tracked MiB | traced MiB | traced vs RSS |")
+    print("|---|---|---|---|---|---|")
     for name, knobs in CASES.items():
         child = [sys.executable, "-m", "bench.trace_measured", "--measure", name]
         real = json.loads(
@@ -118,9 +127,13 @@ def main() -> int:
             estimate = traced["added"][phase]
             error = (estimate - measured) / measured if measured > 0 else float("nan")
             errors.append(error)
-            print(f"| {name} | {phase} | {measured / 2**20:.1f} | {estimate / 2**20:.1f} | {error:+.1%} |")
+            real_tensors = real["tracked"][phase] / 2**20
+            print(
+                f"| {name} | {phase} | {measured / 2**20:.1f} | {real_tensors:.1f} | {estimate / 2**20:.1f} "
+                f"| {error:+.1%} |"
+            )
         said = "equal" if same else "DIFFER"
-        print(f"| {name} | states (weights, gradients, Adam) | byte for byte: {said} | | |")
+        print(f"| {name} | states (weights, gradients, Adam) | byte for byte: {said} | | | |")
     finite = [e for e in errors if e == e]
     median, worst = statistics.median(finite), max(finite, key=abs)
     print(f"\nmedian error {median:+.1%}, worst {worst:+.1%} over {len(finite)} passes")
