@@ -278,11 +278,23 @@ def _traced_pass(
 
 
 def _one_step(config: ProbeConfig, world_size: int) -> ProbeConfig:
-    """The update of one mini-batch, one optimizer step, of at most two micro-batches: the second holds the
-    gradients the first left, and every later one holds exactly what the second did."""
-    steps = min(config.gradient_accumulation_steps, 2)
-    mini = config.micro_batch_size * steps * world_size
-    return dataclasses.replace(config, train_batch_size=mini, gradient_accumulation_steps=steps)
+    """One micro-batch and one optimizer step: with accumulation, every micro-batch after the first starts
+    with the gradients the first left, so one micro-batch run with them in place (`_gradients_kept`) holds
+    what each later one does; without it, the step's zero_grad frees them first, as in the probe."""
+    mini = config.micro_batch_size * world_size
+    return dataclasses.replace(config, train_batch_size=mini, gradient_accumulation_steps=1)
+
+
+@contextlib.contextmanager
+def _gradients_kept(optimizer: torch.optim.Optimizer, accumulating: bool) -> Iterator[None]:
+    """With accumulation, the traced micro-batch is a later one: the gradients stay (see `_one_step`)."""
+    from unittest import mock
+
+    if not accumulating:
+        yield
+        return
+    with mock.patch.object(optimizer, "zero_grad", lambda *_, **__: None):
+        yield
 
 
 def _passes(models: Any, ctx: Any, batch: dict, config: ProbeConfig, world_size: int):
@@ -312,7 +324,13 @@ def _passes(models: Any, ctx: Any, batch: dict, config: ProbeConfig, world_size:
 
         step = dataclasses.replace(ctx, config=_one_step(config, world_size))
         generator = torch.Generator().manual_seed(0)
-        return lambda tracker: ppo._train(model, optimizer, each_micro_batch(tracker), step, batch, generator)
+        accumulating = config.gradient_accumulation_steps > 1
+
+        def run(tracker: Any) -> None:
+            with _gradients_kept(optimizer, accumulating):
+                ppo._train(model, optimizer, each_micro_batch(tracker), step, batch, generator)
+
+        return run
 
     yield "log-prob", actor, None, log_probs(actor)
     if config.use_kl and models.ref is None:
