@@ -91,7 +91,7 @@ def measure(config: ProbeConfig) -> dict[str, Any]:
             hook.remove()
             added[name.replace("update", "backward")] = before_step[0] - start
         added[name] = peak_rss_bytes() - start
-        for peak in _traced_pass(name, model, optimizer, run, resident):  # the same pass, tracked
+        for peak in _traced_pass(name, model, optimizer, run, resident)[0]:  # the same pass, tracked
             tracked[peak.name] = peak.peak - sum(resident.values())
     return {"added": added, "tracked": tracked, "states": state_bytes(models, "cpu")}
 

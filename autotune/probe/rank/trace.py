@@ -252,9 +252,11 @@ def _traced_pass(
     optimizer: torch.optim.Optimizer | None,
     run: Callable[[Any], Any],
     resident: dict[str, int],
-) -> list[PhasePeak]:
+) -> tuple[list[PhasePeak], dict[str, int]]:
     """Run one pass under the tracker: its peak is what is resident plus what the pass adds over its start.
-    A training pass also gives its peak before the optimizer steps (forward and backward alone)."""
+    A training pass also gives its peak before the optimizer steps (forward and backward alone). Also
+    returns what the pass leaves alive, by term (a forward-only pass under shard_grad_op leaves its model
+    gathered): the next passes start with it."""
     tracker = _tracker(model, optimizer)
     before_step: list[dict] = []
     hook = None
@@ -266,6 +268,7 @@ def _traced_pass(
         with tracker:
             start = _by_term(tracker.get_tracker_snapshot("current").get(HOST, {}))
             run(tracker)
+            end = _by_term(tracker.get_tracker_snapshot("current").get(HOST, {}))
     finally:
         if hook is not None:
             hook.remove()
@@ -274,7 +277,22 @@ def _traced_pass(
         backward = _parts(resident, start, before_step[0])
         peaks.append(PhasePeak(name.replace("update", "backward"), sum(backward.values()), backward))
     parts = _parts(resident, start, tracker.get_tracker_snapshot("peak"))
-    return [*peaks, PhasePeak(name, sum(parts.values()), parts)]
+    left = {term: end[term] - start[term] for term in CATEGORIES}
+    return [*peaks, PhasePeak(name, sum(parts.values()), parts)], left
+
+
+def _traced_passes(passes: Iterator[tuple], resident: dict[str, int]) -> list[PhasePeak]:
+    """Every pass in the probe's order, each starting with what the other models' passes left alive (a pass's
+    own tracker finds its model's leftovers itself: they are counted when it gathers them again)."""
+    peaks: list[PhasePeak] = []
+    left: dict[int, dict[str, int]] = {}  # id(model) -> what its latest pass left alive, by term
+    for name, model, optimizer, run in passes:
+        others = [kept for owner, kept in left.items() if owner != id(model)]
+        start = {term: resident.get(term, 0) + sum(k.get(term, 0) for k in others) for term in resident}
+        start |= {term: sum(k.get(term, 0) for k in others) for term in CATEGORIES if term not in resident}
+        found, left[id(model)] = _traced_pass(name, model, optimizer, run, start)
+        peaks += found
+    return peaks
 
 
 def _one_step(config: ProbeConfig, world_size: int) -> ProbeConfig:
@@ -399,11 +417,7 @@ def trace_memory(
                 resident = _resident(models, batch, layout, config.sharded)
                 compute = torch.bfloat16 if layout == "cuda" else None
                 ctx = ppo.StepContext(config, HOST, world_size, pad_token_id=0, compute_dtype=compute)
-                phases = [
-                    peak
-                    for name, model, optimizer, run in _passes(models, ctx, batch, config, world_size)
-                    for peak in _traced_pass(name, model, optimizer, run, resident)
-                ]
+                phases = _traced_passes(_passes(models, ctx, batch, config, world_size), resident)
             except TraceUnavailable:
                 raise
             except Exception as error:  # an architecture or op the fake mode cannot run
