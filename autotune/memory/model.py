@@ -17,7 +17,7 @@ The model follows what `autotune.probe.rank.ppo` and `autotune.probe.rank.models
   pass at the log-prob micro batch, logits of the response positions, the reward model at R/W) and update
   (training activations at the micro batch, the logits chain with its gradients, the optimizer step's
   temporaries). Under full_shard each pass holds the gathered unit (the largest of a block, the embedding, the
-  LM head) and its prefetched neighbour, and backward the unit's fp32 gradient with its reduce-scatter buffer;
+  LM head) and its prefetched neighbour, and backward the unit's gradient with its fp32 reduce-scatter input;
   under shard_grad_op what a forward gathered stays gathered until that model's backward (the reference's for
   good), as FSDP2 does without resharding.
 
@@ -190,7 +190,7 @@ class MemoryBreakdown:
     gathered_rollout: int = 0  # the actor's whole weights, gathered for generation
     gathered_scoring: int = 0  # full_shard: two units; shard_grad_op: every model a forward gathered
     gathered_update: int = 0
-    reduce_scatter: int = 0  # full_shard backward: the unit's fp32 gradient and the reduce-scatter buffer
+    reduce_scatter: int = 0  # backward: the unit's gradient (compute dtype) and its fp32 reduce-scatter input
     loaded_rollout: int = 0  # offload: states on the device only during the phase
     loaded_scoring: int = 0
     loaded_update: int = 0
