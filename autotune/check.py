@@ -296,6 +296,9 @@ def check(options: CheckOptions) -> CheckResult:
                 "memory", "the override file lacks the batch sizes the memory model needs", severity="note"
             )
         )
+        if options.trace:
+            why = "the file lacks the batch sizes the trace needs"
+            traced = TracedCheck([], [], 0.0, gpus, "cuda", failed=why)
     label = card.label if card else None
     return CheckResult(str(options.path), target, gpus, label, findings, memory, traced)
 
