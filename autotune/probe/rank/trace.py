@@ -207,6 +207,10 @@ def _tracker(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
     from autotune.probe.rank.sharding import hf_model
 
     class PeakOnly:
+        _curr_mem_snap: dict[torch.device, dict[str, int]]  # torch's tracker state (MemTracker)
+        _peak_mem: dict[torch.device, int]
+        _peak_mem_snap: dict[torch.device, dict[str, int]]
+
         def _update_peak_stats(self, peak_state: Any) -> None:
             for device, snapshot in self._curr_mem_snap.items():
                 if self._peak_mem.get(device, 0) < snapshot["Total"]:
@@ -331,7 +335,8 @@ def _passes(models: Any, ctx: Any, batch: dict, config: ProbeConfig, world_size:
         )
 
     def without_adapters(tracker: Any) -> Any:
-        with actor.disable_adapter():
+        peft_model: Any = actor  # peft's wrapper (untyped): disable_adapter is peft's
+        with peft_model.disable_adapter():
             return log_probs(actor)(tracker)
 
     def trained(model: torch.nn.Module, optimizer: Any, loss: Callable) -> Callable[[Any], Any]:
