@@ -155,24 +155,31 @@ def _analytic(record: dict[str, Any]) -> MemoryBreakdown:
 
 
 def table(path: Path) -> None:
+    """Per term: the median and worst relative error over the configurations, and how many disagree (over
+    10% and over 64 MiB: `TraceRow.disagrees`)."""
     records = [json.loads(line) for line in path.read_text().splitlines()]
     traced = [r for r in records if "trace" in r]
-    by_term: dict[str, list[tuple[float, str]]] = {}
+    by_term: dict[str, list[tuple[Any, str]]] = {}
     for record in traced:
         for row in _rows(record):
-            if row.error is not None and row.error != float("inf") and max(row.analytic, row.traced) > 0:
-                by_term.setdefault(row.term, []).append((row.error, record["name"]))
+            by_term.setdefault(row.term, []).append((row, record["name"]))
     print(f"{len(traced)} configurations traced, {len(records) - len(traced)} not traced\n")
-    print("| term | median error | worst error (config) | over 10% |")
+    print("| term | median error | worst error (config: analytic vs traced GiB) | disagree |")
     print("|---|---|---|---|")
-    for term, errors in by_term.items():
-        worst = max(errors, key=lambda e: abs(e[0]))
-        over = sum(abs(e) > 0.10 for e, _ in errors)
-        median = statistics.median(e for e, _ in errors)
-        print(f"| {term} | {median:+.1%} | {worst[0]:+.1%} ({worst[1]}) | {over}/{len(errors)} |")
+    for term, rows in by_term.items():
+        finite = [(r, n) for r, n in rows if r.error is not None and r.error != float("inf")]
+        if not finite:
+            continue
+        worst, name = max(finite, key=lambda rn: abs(rn[0].error))
+        median = statistics.median(r.error for r, _ in finite)
+        said = f"{worst.error:+.0%} ({name}: {worst.analytic / 2**30:.2f} vs {worst.traced / 2**30:.2f})"
+        disagree = sum(r.disagrees for r, _ in rows)
+        print(f"| {term} | {median:+.1%} | {said} | {disagree}/{len(rows)} |")
     for record in records:
         if "trace_error" in record:
             print(f"\nnot traced: {record['name']}: {record['trace_error']}")
+    seconds = [r["trace"]["seconds"] for r in traced]
+    print(f"\ntrace time: median {statistics.median(seconds):.0f} s, longest {max(seconds):.0f} s")
 
 
 def main(argv: list[str] | None = None) -> int:

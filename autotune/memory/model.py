@@ -328,7 +328,8 @@ def _layer_training_bytes(arch: Architecture, p: _Precision, lora: bool = False)
     """Bytes one decoder layer saves for backward per token (HF llama/qwen2 with SDPA: no s² term).
 
     Two RMSNorms save their fp32 input, the normalised value and the weighted output (3·h·4 B each, plus the
-    bf16 cast the next matmul saves under autocast); attention saves q and k after RoPE, v, the SDPA output
+    bf16 cast the next matmul saves under autocast; on a bf16 stream the input's fp32 copy and two bf16
+    values, 8·h B); attention saves q and k after RoPE, v, the SDPA output
     and o_proj's input (3·q + 2·kv elements); the SwiGLU MLP saves gate, up, silu(gate) and the product (4·I).
     Korthikanti et al.'s 34·s·b·h written out for a llama block: fp32 (CPU) 24h + 12q + 8kv + 16I bytes per
     token; under autocast (fp32 residual and norms, bf16 matmuls) 28h + 6q + 4kv + 8I. With LoRA under
@@ -336,7 +337,8 @@ def _layer_training_bytes(arch: Architecture, p: _Precision, lora: bool = False)
     """
     h = arch.hidden
     cast = 2 * h if p.act < 4 else 0
-    norms = 2 * (3 * h * 4 + cast)
+    # a bf16 stream: each norm saves its input's fp32 copy and two bf16 values (the trace at 7B-13B)
+    norms = 2 * (h * 4 + 2 * h * 2) if p.residual < 4 else 2 * (3 * h * 4 + cast)
     attention = p.act * (3 * arch.q_size + 2 * arch.kv_size)
     mlp = p.act * 4 * arch.intermediate
     adapters = 12 * h + 2 * arch.intermediate if lora and p.autocast else 0
@@ -527,6 +529,17 @@ def predict_components(
     return _components(arch, config, world_size, device)
 
 
+def _backward_moment(update: dict[str, int], get: Any) -> tuple[int, int]:
+    """(exact, dynamic) bytes of the update's backward at its larger moment. Backward opens on the logits'
+    gradients, before any unit is gathered again for it; the layers come after, one recomputed at a time
+    with two units gathered and the reduce-scatter in flight (the trace at 7B-13B: never both at once)."""
+    autocast, released = update["update_autocast_weights"], update["released_gradients"]
+    logits = (autocast - released, update["activations"] + update["logits"])
+    layers_exact = autocast + get("gathered_update", 0) + get("reduce_scatter", 0) - released
+    layers = (layers_exact, update["activations"] + update["backward_workspace"])
+    return max(logits, layers, key=sum)
+
+
 def _components(arch: Architecture, config: ProbeConfig, world_size: int, device: str) -> MemoryBreakdown:
     config = config.with_fixed_micro_batches(world_size)  # dynamic batches: the sequences a budget holds
     p = _Precision.of(device, config.use_lora, config.sharded)
@@ -538,13 +551,7 @@ def _components(arch: Architecture, config: ProbeConfig, world_size: int, device
     update = _update_terms(arch, config, p, held)
     sharded = _sharded_terms(arch, config, p, held)
     get = sharded.get
-    backward_states = (
-        update["update_autocast_weights"]
-        + get("gathered_update", 0)
-        + get("reduce_scatter", 0)
-        - update["released_gradients"]
-    )
-    backward = update["activations"] + max(update["logits"], update["backward_workspace"])
+    backward_states, backward = _backward_moment(update, get)
     # the optimizer step comes after backward: activations, gathered weights and autocast copies are gone
     stepping = backward_states + backward < update["optimizer_step"]
     phase_states = {
