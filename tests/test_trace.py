@@ -153,11 +153,13 @@ def test_check_trace_prints_both_estimates_per_phase(tmp_path: Path):
 
 @pytest.mark.e2e
 def test_the_traced_peak_of_a_tiny_model_is_within_a_third_of_a_real_cpu_run():
-    """bench.trace_measured runs GRPO's passes on tiny-llama for real (peak RSS over each pass's start) and
-    traced. Tolerance: a third of the iteration's peak over its resident states. The trace counts allocated
-    bytes; the CPU's RSS leaves out zeroed pages a kernel never touches (the trace is above it in backward)
-    and the trace misses a kernel's own scratch (logsumexp's rows: below it in the forwards): BENCHMARKS.md,
-    "Traced memory"."""
+    """bench.trace_measured runs GRPO's passes on tiny-llama for real: peak RSS over each pass's start, and
+    the same passes' real tensors under the tracker. The fake-tensor trace must count what the tracker counts
+    of real tensors (to 1 MiB a pass), and the iteration's peak (states + the largest pass) must be within a
+    third of the RSS one. The RSS gap is the CPU's: the trace cannot see a kernel's own scratch, and a
+    dispatch mode makes autograd accumulate one gradient out of place (BENCHMARKS.md, "Traced memory"). The
+    high-water mark only over-counts (anything else the process mapped meanwhile), so the lower of two
+    measurements is taken."""
     root = Path(__file__).resolve().parents[1]
 
     def run(mode: str) -> dict:
@@ -165,22 +167,12 @@ def test_the_traced_peak_of_a_tiny_model_is_within_a_third_of_a_real_cpu_run():
         done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=300, check=True)
         return json.loads(done.stdout.splitlines()[-1])
 
-    measured, traced = run("--measure"), run("--trace")
+    traced = run("--trace")
+    measured = min((run("--measure") for _ in range(2)), key=lambda m: max(m["added"].values()))
     assert measured["states"] == traced["states"]  # byte for byte
+    for phase, tracked in measured["tracked"].items():
+        assert abs(traced["added"][phase] - tracked) <= 2**20, phase
     resident = sum(measured["states"].values())
     real = resident + max(measured["added"].values())
     estimate = resident + max(traced["added"].values())
     assert abs(estimate - real) / real < 1 / 3, (estimate, real)
-
-
-def test_check_trace_on_a_file_without_batch_sizes_says_why_in_one_line(tmp_path: Path):
-    from autotune.check import CheckOptions, check
-
-    overrides = tmp_path / "overrides.txt"
-    overrides.write_text("actor_rollout_ref.model.path=meta-llama/Llama-2-7b-hf\n")
-    result = check(CheckOptions(path=overrides, trace=True))
-    assert result.traced is not None and "batch sizes" in (result.traced.failed or "")
-    assert result.traced.lines() == [
-        "traced memory: not run: the file lacks the batch sizes the trace needs; the analytic model stands"
-    ]
-    assert result.to_dict()["trace"]["failed"] == result.traced.failed
