@@ -297,8 +297,7 @@ def check(options: CheckOptions) -> CheckResult:
             )
         )
         if options.trace:
-            why = "the file lacks the batch sizes the trace needs"
-            traced = TracedCheck([], [], 0.0, gpus, "cuda", failed=why)
+            traced = TracedCheck.not_run("the file lacks the batch sizes the trace needs", gpus)
     label = card.label if card else None
     return CheckResult(str(options.path), target, gpus, label, findings, memory, traced)
 
@@ -325,7 +324,7 @@ def _model_checks(
         )
         traced = None
         if options.trace:
-            traced = TracedCheck([], [], 0.0, gpus, "cuda", failed="the model is not one autotune knows")
+            traced = TracedCheck.not_run("the model is not one autotune knows", gpus)
         return [*findings, Finding("memory", note, severity="note")], None, traced
     spec = resolve_model(name)
     findings += model_findings(config, spec, getattr(target.engine, "tensor_model_parallel_size", None))

@@ -130,17 +130,9 @@ def collect(out: Path) -> None:
 
 
 def _rows(record: dict[str, Any]) -> list:
-    from autotune.probe.traced import MemoryTrace, PhasePeak, compare
+    from autotune.probe.traced import MemoryTrace, compare
 
-    t = record["trace"]
-    trace = MemoryTrace(
-        t["world_size"],
-        t["layout"],
-        t["states"],
-        [PhasePeak(**p) for p in t["phases"]],
-        t["seconds"],
-        t["notes"],
-    )
+    trace = MemoryTrace.from_dict(record["trace"])
     return compare(trace, _analytic(record))
 
 

@@ -45,11 +45,6 @@ CASES = {
 MODEL = "tiny-llama"
 
 
-class _NoTracker:
-    def reset_mod_stats(self) -> None:
-        pass
-
-
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
@@ -86,7 +81,7 @@ def measure(config: ProbeConfig) -> dict[str, Any]:
         if optimizer is not None:
             record = before_step.append
             hook = optimizer.register_step_pre_hook(lambda *_, record=record: record(peak_rss_bytes()))
-        run(_NoTracker())
+        run()
         if hook is not None:
             hook.remove()
             added[name.replace("update", "backward")] = before_step[0] - start

@@ -211,6 +211,10 @@ class TracedCheck:
     layout: str
     failed: str | None = None
 
+    @classmethod
+    def not_run(cls, why: str, world_size: int, layout: str = "cuda") -> TracedCheck:
+        return cls([], [], 0.0, world_size, layout, failed=why)
+
     def lines(self) -> list[str]:
         if self.failed:
             return [f"traced memory: not run: {self.failed}; the analytic model stands"]
@@ -274,7 +278,7 @@ def traced_check(
     try:
         trace = run_trace(actor_spec, reward_spec, config, world_size, layout)
     except TraceUnavailable as error:
-        return TracedCheck([], [], 0.0, world_size, layout, failed=str(error))
+        return TracedCheck.not_run(str(error), world_size, layout)
     arch = Architecture.from_specs(actor_spec, reward_spec)
     rows = compare(trace, predict_components(arch, config, world_size, layout))
     return TracedCheck(rows, trace.notes, trace.seconds, world_size, layout)

@@ -255,7 +255,7 @@ def _traced_pass(
     name: str,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
-    run: Callable[[Any], Any],
+    run: Callable[[], Any],
     resident: dict[str, int],
 ) -> tuple[list[PhasePeak], dict[str, int]]:
     """Run one pass under the tracker: its peak is what is resident plus what the pass adds over its start.
@@ -272,7 +272,7 @@ def _traced_pass(
     try:
         with tracker:
             start = _by_term(tracker.get_tracker_snapshot("current").get(HOST, {}))
-            run(tracker)
+            run()
             gc.collect()  # what only a reference cycle keeps is not left alive
             end = _by_term(tracker.get_tracker_snapshot("current").get(HOST, {}))
     finally:
@@ -294,8 +294,8 @@ def _traced_passes(passes: Iterator[tuple], resident: dict[str, int]) -> list[Ph
     left: dict[int, dict[str, int]] = {}  # id(model) -> what its latest pass left alive, by term
     for name, model, optimizer, run in passes:
         others = [kept for owner, kept in left.items() if owner != id(model)]
-        start = {term: resident.get(term, 0) + sum(k.get(term, 0) for k in others) for term in resident}
-        start |= {term: sum(k.get(term, 0) for k in others) for term in CATEGORIES if term not in resident}
+        terms = {*resident, *CATEGORIES}
+        start = {term: resident.get(term, 0) + sum(k.get(term, 0) for k in others) for term in terms}
         found, left[id(model)] = _traced_pass(name, model, optimizer, run, start)
         peaks += found
     return peaks
@@ -329,31 +329,25 @@ def _passes(models: Any, ctx: Any, batch: dict, config: ProbeConfig, world_size:
     scoring = {k: v[:micro] for k, v in batch.items()}
     actor = ppo.unwrap(models.actor)
 
-    def log_probs(model: torch.nn.Module) -> Callable[[Any], Any]:
-        return lambda _: ppo._forward_in_micro_batches(
+    def log_probs(model: torch.nn.Module) -> Callable[[], Any]:
+        return lambda: ppo._forward_in_micro_batches(
             lambda i, m, r: ppo.response_log_probs(model, ctx, i, m, r), scoring, micro
         )
 
-    def without_adapters(tracker: Any) -> Any:
+    def without_adapters() -> Any:
         peft_model: Any = actor  # peft's wrapper (untyped): disable_adapter is peft's
         with peft_model.disable_adapter():
-            return log_probs(actor)(tracker)
+            return log_probs(actor)()
 
-    def trained(model: torch.nn.Module, optimizer: Any, loss: Callable) -> Callable[[Any], Any]:
-        def each_micro_batch(tracker: Any) -> Callable:
-            def fresh(cx: Any, b: dict, i: torch.Tensor) -> torch.Tensor:
-                tracker.reset_mod_stats()  # the tracker's per-module view takes one forward at a time
-                return loss(cx, b, i)
-
-            return fresh
-
+    def trained(model: torch.nn.Module, optimizer: Any, loss: Callable) -> Callable[[], Any]:
+        # one micro-batch (`_one_step`): one forward per tracker, as FSDPMemTracker requires
         step = dataclasses.replace(ctx, config=_one_step(config, world_size))
         generator = torch.Generator().manual_seed(0)
         accumulating = config.gradient_accumulation_steps > 1
 
-        def run(tracker: Any) -> None:
+        def run() -> None:
             with _gradients_kept(optimizer, accumulating):
-                ppo._train(model, optimizer, each_micro_batch(tracker), step, batch, generator)
+                ppo._train(model, optimizer, loss, step, batch, generator)
 
         return run
 
@@ -364,13 +358,13 @@ def _passes(models: Any, ctx: Any, batch: dict, config: ProbeConfig, world_size:
         yield "reference", models.ref, None, log_probs(models.ref)
     if models.critic is not None:
         critic = ppo.unwrap(models.critic)
-        values = lambda _: ppo._forward_in_micro_batches(  # noqa: E731
+        values = lambda: ppo._forward_in_micro_batches(  # noqa: E731
             lambda i, m, r: ppo.response_values(critic, ctx, i, m, r.shape[1]), scoring, micro
         )
         yield "values", critic, None, values
     if models.reward is not None:
         share = {k: v[: config.rollout_batch_size // world_size] for k, v in batch.items()}
-        yield "reward", models.reward, None, lambda _: ppo.reward_scores(models, ctx, share)
+        yield "reward", models.reward, None, lambda: ppo.reward_scores(models, ctx, share)
     if models.critic is not None:
         critic_loss = lambda cx, b, i: ppo._critic_loss(models, cx, b, i)  # noqa: E731
         update = trained(models.critic, models.critic_optimizer, critic_loss)
