@@ -169,3 +169,16 @@ def test_the_traced_peaks_of_a_tiny_model_are_what_its_real_tensors_hold():
     assert set(measured["tracked"]) == set(traced["added"])
     for phase, tracked in measured["tracked"].items():
         assert abs(traced["added"][phase] - tracked) <= 2**20, phase
+
+
+def test_check_trace_on_a_file_without_batch_sizes_says_why_in_one_line(tmp_path: Path):
+    from autotune.check import CheckOptions, check
+
+    overrides = tmp_path / "overrides.txt"
+    overrides.write_text("actor_rollout_ref.model.path=meta-llama/Llama-2-7b-hf\n")
+    result = check(CheckOptions(path=overrides, trace=True))
+    assert result.traced is not None and "batch sizes" in (result.traced.failed or "")
+    assert result.traced.lines() == [
+        "traced memory: not run: the file lacks the batch sizes the trace needs; the analytic model stands"
+    ]
+    assert result.to_dict()["trace"]["failed"] == result.traced.failed
