@@ -96,8 +96,14 @@ def test_the_export_writes_the_knobs_instead_of_the_rules():
     assert values[f"{rollout}.tensor_model_parallel_size"] == 2
     assert values[f"{rollout}.max_num_seqs"] == 128
     budgets = {key: value for key, value in values.items() if "max_token_len" in key}
-    # the actor's (its old-log-prob and reference passes follow it in verl's YAML) and the V1 critic's engine
-    assert set(budgets.values()) == {1024} and len(budgets) == 2
+    # every budget V1 reads: the actor's update, its old-log-prob and the reference's passes (which would copy
+    # the actor's by interpolation), and the V1 critic's engine
+    assert set(budgets.values()) == {1024} and set(budgets) == {
+        f"{AR}.actor.ppo_max_token_len_per_gpu",
+        f"{AR}.rollout.log_prob_max_token_len_per_gpu",
+        f"{AR}.ref.log_prob_max_token_len_per_gpu",
+        "+critic.ppo_infer_max_token_len_per_gpu",
+    }
     switches = [key for key, value in values.items() if "use_dynamic_bsz" in key]
     assert all(values[key] is True for key in switches) and len(switches) == 2
     # verl cuts by tokens and reads no micro batch: none is written for the actor and its passes
@@ -173,6 +179,8 @@ VERL_SPACE_KNOBS = {
     "max_num_seqs": {"choices": [64, 256]},
     "use_dynamic_bsz": {"choices": [False, True]},
     "ppo_max_token_len_per_gpu": {"min": 256, "max": 1024},
+    "log_prob_max_token_len_per_gpu": {"choices": [512, 2048]},
+    "critic_max_token_len_per_gpu": {"choices": [None, 1024]},
 }
 
 
@@ -194,6 +202,9 @@ def test_a_space_searches_the_verl_knobs_and_every_sample_is_valid():
     assert len(grid) == searched.size()
     assert {c.ppo_max_token_len_per_gpu for c in grid if not c.use_dynamic_bsz} == {None}
     assert {c.ppo_max_token_len_per_gpu for c in grid if c.use_dynamic_bsz} == {256, 512, 1024}
+    assert {c.log_prob_max_token_len_per_gpu for c in grid if not c.use_dynamic_bsz} == {None}
+    assert {c.log_prob_max_token_len_per_gpu for c in grid if c.use_dynamic_bsz} == {512, 2048}
+    assert {c.critic_max_token_len_per_gpu for c in grid if c.use_dynamic_bsz} == {None, 1024}
     for config in grid[:: max(1, len(grid) // 200)]:
         assert config_findings(config, 2, cores=4) == []
         params = config_to_params(searched, config)

@@ -19,6 +19,7 @@ from autotune.units import divisors, round_up
 
 __all__ = [
     "ALGORITHMS",
+    "BUDGET_KNOBS",
     "DEFAULT_HEADROOM",
     "KNOB_NAMES",
     "MAX_KL_COEF",
@@ -26,6 +27,7 @@ __all__ = [
     "SHARDINGS",
     "VERL_DEFAULT_UTILIZATION",
     "VERL_KNOBS",
+    "VLLM_KNOBS",
     "ProbeConfig",
     "job_of",
     "mini_batch_size",
@@ -86,6 +88,11 @@ class ProbeConfig:
     # None = the micro batch's tokens, micro_batch_size × (max_prompt_length + max_response_length)
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int | None = None
+    # the forward-only passes' budget (rollout.log_prob_ and ref.log_prob_max_token_len_per_gpu; verl: the
+    # actor's by interpolation, about twice as much fits) and the critic's
+    # (critic.ppo_infer_max_token_len_per_gpu, both of its passes in V1); None = the actor's budget
+    log_prob_max_token_len_per_gpu: int | None = None
+    critic_max_token_len_per_gpu: int | None = None
 
     @property
     def use_kl(self) -> bool:
@@ -111,13 +118,28 @@ class ProbeConfig:
 
     @property
     def uses_verl_knobs(self) -> bool:
-        """Whether any of verl's own knobs departs from its rule or default (`--engine verl` only)."""
+        """Whether any of verl's own knobs departs from its rule or default."""
         return any(getattr(self, name) not in (None, False) for name in VERL_KNOBS)
+
+    @property
+    def uses_vllm_knobs(self) -> bool:
+        """Whether any of vLLM's knobs is set (`--engine verl` only: the built-in probe has no vLLM)."""
+        return any(getattr(self, name) is not None for name in VLLM_KNOBS)
 
     @property
     def token_budget(self) -> int:
         """Tokens per GPU micro-batch under dynamic batch size: the knob, else the micro batch's tokens."""
         return self.ppo_max_token_len_per_gpu or self.micro_batch_size * self.sequence_length
+
+    @property
+    def token_budgets(self) -> tuple[int, int, int]:
+        """(update, forward passes, critic) token budgets per GPU under dynamic batch size."""
+        update = self.token_budget
+        return (
+            update,
+            self.log_prob_max_token_len_per_gpu or update,
+            self.critic_max_token_len_per_gpu or update,
+        )
 
     def with_fixed_micro_batches(self, gpus: int) -> ProbeConfig:
         """The config as fixed micro batches: under dynamic batch size verl packs whole sequences (every one
@@ -158,13 +180,11 @@ def same_job(stored: Any, wanted: dict[str, Any]) -> bool:
 
 
 VERL_DEFAULT_UTILIZATION = 0.5  # rollout.gpu_memory_utilization when unset (verl's rollout.yaml)
-VERL_KNOBS = (
-    "gpu_memory_utilization",
-    "tensor_model_parallel_size",
-    "max_num_seqs",
-    "use_dynamic_bsz",
-    "ppo_max_token_len_per_gpu",
-)
+# vLLM's knobs: measured by verl itself only (`--engine verl`); the built-in probe has no vLLM
+VLLM_KNOBS = ("gpu_memory_utilization", "tensor_model_parallel_size", "max_num_seqs")
+# the token budgets under dynamic batch size: the update's, the forward passes', the critic's
+BUDGET_KNOBS = ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu", "critic_max_token_len_per_gpu")
+VERL_KNOBS = (*VLLM_KNOBS, "use_dynamic_bsz", *BUDGET_KNOBS)
 _BOOL_WORDS = {
     "true": True,
     "1": True,

@@ -33,9 +33,10 @@ from typing import Any
 
 from autotune.config.knobs import (
     ALGORITHMS,
+    BUDGET_KNOBS,
     MAX_KL_COEF,
     SHARDINGS,
-    VERL_KNOBS,
+    VLLM_KNOBS,
     ProbeConfig,
     physical_cores,
     rollout_batch_fix,
@@ -285,7 +286,7 @@ def verl_knob_findings(c: ProbeConfig, gpus: int) -> list[Finding]:
     found = _verl_value_findings(c)
     if found:
         return found
-    tp, budget = c.tensor_model_parallel_size, c.ppo_max_token_len_per_gpu
+    tp = c.tensor_model_parallel_size
     if tp is not None and gpus % tp:
         fix = f"tensor_model_parallel_size: one of {', '.join(map(str, divisors(gpus)))}"
         problem = (
@@ -293,30 +294,41 @@ def verl_knob_findings(c: ProbeConfig, gpus: int) -> list[Finding]:
             f"rollout replicas, and the rest would have no rollout engine"
         )
         found.append(Finding("verl", problem, fix, key="tensor_model_parallel_size", value=tp))
-    if budget is not None and not c.use_dynamic_bsz:
-        problem = f"ppo_max_token_len_per_gpu={budget} without use_dynamic_bsz: verl reads it only then"
-        fix = "use_dynamic_bsz: true, or no ppo_max_token_len_per_gpu"
-        found.append(Finding("verl", problem, fix, key="ppo_max_token_len_per_gpu", value=budget))
-    elif budget is not None and budget < c.sequence_length:
-        problem = (
-            f"ppo_max_token_len_per_gpu={budget} is below one sequence, max_prompt_length+"
-            f"max_response_length={c.sequence_length}: verl asserts a micro-batch's token budget holds the "
-            f"longest sequence"
-        )
-        fix = f"ppo_max_token_len_per_gpu: {c.sequence_length} or more"
-        found.append(Finding("verl", problem, fix, key="ppo_max_token_len_per_gpu", value=budget))
+    return found + _budget_findings(c)
+
+
+def _budget_findings(c: ProbeConfig) -> list[Finding]:
+    """A token budget is read only with dynamic batch size, and holds the longest sequence verl allows
+    (verl/utils/seqlen_balancing.py `rearrange_micro_batches` asserts max_token_len >= the longest)."""
+    found = []
+    for key in BUDGET_KNOBS:
+        budget = getattr(c, key)
+        if budget is None:
+            continue
+        if not c.use_dynamic_bsz:
+            problem = f"{key}={budget} without use_dynamic_bsz: verl reads it only then"
+            found.append(
+                Finding("verl", problem, f"use_dynamic_bsz: true, or no {key}", key=key, value=budget)
+            )
+        elif budget < c.sequence_length:
+            problem = (
+                f"{key}={budget} is below one sequence, max_prompt_length+max_response_length="
+                f"{c.sequence_length}: verl asserts a micro-batch's token budget holds the longest sequence"
+            )
+            fix = f"{key}: {c.sequence_length} or more"
+            found.append(Finding("verl", problem, fix, key=key, value=budget))
     return found
 
 
 def engine_findings(c: ProbeConfig, engine: str) -> list[Finding]:
-    """verl's knobs are measured by verl only: the built-in probe generates with Hugging Face generate on the
-    training weights (no vLLM pool, no tensor-parallel rollout, no dynamic batching)."""
-    if engine == "verl" or not c.uses_verl_knobs:
+    """vLLM's knobs are measured by verl only: the built-in probe has no vLLM pool and no tensor-parallel
+    rollout. Dynamic batch size and its budgets it packs as verl does."""
+    if engine == "verl" or not c.uses_vllm_knobs:
         return []
-    named = [name for name in VERL_KNOBS if getattr(c, name) not in (None, False)]
+    named = [name for name in VLLM_KNOBS if getattr(c, name) is not None]
     problem = (
-        f"{', '.join(named)}: verl's own knobs, measured only with --engine verl (the built-in probe has no "
-        f"vLLM pool, tensor-parallel rollout or dynamic batching)"
+        f"{', '.join(named)}: vLLM's knobs, measured only with --engine verl (the built-in probe has no "
+        f"vLLM pool or tensor-parallel rollout)"
     )
     return [Finding("verl", problem, "--engine verl, or leave them out", key=named[0])]
 
@@ -332,7 +344,7 @@ def _verl_value_findings(c: ProbeConfig) -> list[Finding]:
         },
         "tensor_model_parallel_size": {"integer": True, "minimum": 1, "maximum": MAX_RANKS},
         "max_num_seqs": {"integer": True, "minimum": 1},
-        "ppo_max_token_len_per_gpu": {"integer": True, "minimum": 1},
+        **{name: {"integer": True, "minimum": 1} for name in BUDGET_KNOBS},
     }
     found = []
     for key, bound in bounds.items():

@@ -232,7 +232,19 @@ def _kl_coef_keys() -> tuple[Key, ...]:
 
 
 def _budget(job: Job) -> int:
-    return job.config.token_budget
+    return job.config.token_budgets[0]
+
+
+def _forward_budget(job: Job) -> int:
+    return job.config.token_budgets[1]
+
+
+def _critic_budget(job: Job) -> int:
+    return job.config.token_budgets[2]
+
+
+def _dynamic_full_weights_reference(job: Job) -> bool:
+    return _full_weights_reference(job) and job.config.use_dynamic_bsz
 
 
 ROUTES: tuple[Route, ...] = (
@@ -413,7 +425,7 @@ ROUTES: tuple[Route, ...] = (
     Route("param_offload", _offload("param_offload")),
     Route("optimizer_offload", _offload("optimizer_offload")),
     Route("offload_policy", _offload("offload_policy")),
-    # --- verl's own knobs (--engine verl) ---
+    # --- verl's own knobs: vLLM's (--engine verl), and dynamic batch size ---
     Route(
         "gpu_memory_utilization",
         (
@@ -466,19 +478,45 @@ ROUTES: tuple[Route, ...] = (
         ),
     ),
     Route(
-        "ppo_max_token_len_per_gpu",
+        "ppo_max_token_len_per_gpu",  # the update's budget
         (
             Key(
                 f"{AR}.actor.ppo_max_token_len_per_gpu",
                 _budget,
                 _dynamic,
-                ("actor.engine.max_token_len_per_gpu", "actor.engine.infer_max_token_len_per_gpu"),
+                ("actor.engine.max_token_len_per_gpu",),
             ),
-            # V1 sizes both of the critic engine's budgets by this CriticConfig field, which critic.yaml
-            # lacks (trainer/ppo/v1/trainer_base.py:265-268)
+        ),
+    ),
+    # The forward passes' budgets, written even where they equal the actor's (which they copy by
+    # interpolation otherwise): V1 sets the actor engine's inference budget from the rollout's key and the
+    # reference engine's from the reference's (trainer/ppo/v1/trainer_base.py:552-581, 620-626); with LoRA the
+    # reference is the actor with its adapters off, at the actor's inference budget.
+    Route(
+        "log_prob_max_token_len_per_gpu",
+        (
+            Key(
+                f"{AR}.rollout.log_prob_max_token_len_per_gpu",
+                _forward_budget,
+                _dynamic,
+                ("actor.engine.infer_max_token_len_per_gpu",),
+            ),
+            Key(
+                f"{AR}.ref.log_prob_max_token_len_per_gpu",
+                _forward_budget,
+                _dynamic_full_weights_reference,
+                ("ref.engine.infer_max_token_len_per_gpu",),
+            ),
+        ),
+    ),
+    # V1 sizes both of the critic engine's budgets by this CriticConfig field, which critic.yaml lacks
+    # (trainer/ppo/v1/trainer_base.py:265-268)
+    Route(
+        "critic_max_token_len_per_gpu",
+        (
             Key(
                 "+critic.ppo_infer_max_token_len_per_gpu",
-                _budget,
+                _critic_budget,
                 _dynamic_critic,
                 ("critic.engine.max_token_len_per_gpu", "critic.engine.infer_max_token_len_per_gpu"),
             ),

@@ -32,7 +32,7 @@ from autotune.space.schema import NO_ACCUMULATION, choice_ok, parse_space_file, 
 from autotune.space.specs import (
     ACCUM,
     BOOL_KNOBS,
-    BUDGET,
+    BUDGETS,
     CHOICES,
     DYNAMIC,
     DYNAMIC_KNOBS,
@@ -61,6 +61,7 @@ from autotune.space.specs import (
     UTILIZATION,
     VERL_KNOBS,
     VERL_MAX_NUM_SEQS,
+    VLLM_KNOBS,
     WORKERS,
     KnobSpec,
     LoraSpec,
@@ -161,18 +162,23 @@ class SearchSpace:
         return found
 
     def dynamic_batches(self) -> list[dict[str, Any]]:
-        """Every dynamic-batch setting of the space: off (no budget), or on with each budget."""
-        budgets = self.knob(BUDGET).values(self.cores)
-        return [
-            {DYNAMIC: on, BUDGET: budget}
-            for on in self.knob(DYNAMIC).values()
-            for budget in (budgets if on else (None,))
-        ]
+        """Every dynamic-batch setting of the space: off (no budgets), or on with each combination of them."""
+        budgets = [self.knob(name).values(self.cores) for name in BUDGETS]
+        found = []
+        for on in self.knob(DYNAMIC).values():
+            for combo in itertools.product(*budgets) if on else [(None,) * len(BUDGETS)]:
+                found.append({DYNAMIC: on, **dict(zip(BUDGETS, combo, strict=True))})
+        return found
 
     @property
     def verl_knobs(self) -> list[str]:
         """verl's knobs this space may set (any value but the rule's None or false)."""
         return [n for n in VERL_KNOBS if any(v not in (None, False) for v in self.knob(n).values(self.cores))]
+
+    @property
+    def vllm_knobs(self) -> list[str]:
+        """vLLM's knobs this space may set: measured only by verl itself (`--engine verl`)."""
+        return [n for n in self.verl_knobs if n in VLLM_KNOBS]
 
     def probe_config(self, values: Mapping[str, Any]) -> ProbeConfig:
         """The ProbeConfig of knob values (mini_batch_size M becomes g = M/(W·m)) and the fixed fields."""
@@ -317,8 +323,8 @@ def sample_config(space: SearchSpace, trial: Any) -> ProbeConfig:
             continue
         if spec.name in OFFLOAD_KNOBS and values[SHARDING] == "replicate":
             values[spec.name] = False
-        elif spec.name == BUDGET and not values[DYNAMIC]:
-            values[spec.name] = None  # verl reads the budget only with dynamic batch size
+        elif spec.name in BUDGETS and not values[DYNAMIC]:
+            values[spec.name] = None  # verl reads the budgets only with dynamic batch size
         else:
             values[spec.name] = _suggest(spec, trial, space.cores)
     return space.probe_config(values)
@@ -417,9 +423,9 @@ def _params_and_misfits(space: SearchSpace, config: ProbeConfig) -> tuple[dict[s
             if value:  # sampling never asks: offload is false under replicate
                 problems.append(f"{spec.name}=true: offload is FSDP's, and the config replicates its states")
             continue
-        if spec.name == BUDGET and not config.use_dynamic_bsz:
-            if value is not None:  # sampling never asks: verl reads the budget only with dynamic batch size
-                problems.append(f"{BUDGET}={value}: a token budget needs use_dynamic_bsz")
+        if spec.name in BUDGETS and not config.use_dynamic_bsz:
+            if value is not None:  # sampling never asks: verl reads the budgets only with dynamic batch size
+                problems.append(f"{spec.name}={value}: a token budget needs use_dynamic_bsz")
             continue
         allowed = spec.values(space.cores)
         if spec.name == WORKERS and is_int(value) and value > space.cores:
@@ -580,15 +586,16 @@ def _check_holding(check: Checker, space: SearchSpace) -> None:
 def _check_budget(check: Checker, space: SearchSpace) -> None:
     """A token budget holds the longest sequence the space may have (verl asserts it before it cuts
     micro-batches, utils/seqlen_balancing.py:384-386)."""
-    budgets = [b for b in space.knob(BUDGET).values(space.cores) if b is not None]
     longest = max(space.knob(PROMPT).values()) + max(space.knob(RESPONSE).values())
-    if budgets and min(budgets) < longest:
-        check.error(
-            f"knobs.{BUDGET}",
-            min(budgets),
-            f"is below max_prompt_length+max_response_length={longest}: verl requires a token budget of at "
-            f"least one sequence",
-        )
+    for name in BUDGETS:
+        budgets = [b for b in space.knob(name).values(space.cores) if b is not None]
+        if budgets and min(budgets) < longest:
+            check.error(
+                f"knobs.{name}",
+                min(budgets),
+                f"is below max_prompt_length+max_response_length={longest}: verl requires a token budget of "
+                f"at least one sequence",
+            )
 
 
 def _parse_seeds(

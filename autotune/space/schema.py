@@ -19,10 +19,12 @@ from autotune.space.specs import (
     ACCUM,
     BOOL_KNOBS,
     CHOICES,
+    CRITIC_BUDGET,
     EXPONENT_ORDER,
     FIXED,
     KNOBS,
     LINEAR,
+    LOG_PROB_BUDGET,
     LOGPROB,
     MINI,
     OPTIONAL_KNOBS,
@@ -311,6 +313,9 @@ def choice_ok(check: Checker, path: str, name: str, value: Any) -> bool:
     return True
 
 
+FOLLOWING_BUDGETS = (LOG_PROB_BUDGET, CRITIC_BUDGET)  # null among their choices: the actor's budget
+
+
 def _parse_choices(check: Checker, name: str, raw: Any, cores: int) -> KnobSpec | None:
     path = f"knobs.{name}.choices"
     if not isinstance(raw, list) or not raw:
@@ -320,6 +325,8 @@ def _parse_choices(check: Checker, name: str, raw: Any, cores: int) -> KnobSpec 
     for i, value in enumerate(raw):
         if name in (*BOOL_KNOBS, SHARDING):
             ok = choice_ok(check, f"{path}[{i}]", name, value) and ok
+        elif name in FOLLOWING_BUDGETS and value is None:
+            continue  # null: the actor's budget (verl's interpolation)
         else:
             ok = check.integer(f"{path}[{i}]", value, 1) is not None and ok
     if not ok:

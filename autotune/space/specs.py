@@ -14,8 +14,10 @@ __all__ = [
     "ACCUM",
     "BOOL_KNOBS",
     "BUDGET",
+    "BUDGETS",
     "CHECKPOINTING",
     "CHOICES",
+    "CRITIC_BUDGET",
     "DYNAMIC",
     "DYNAMIC_KNOBS",
     "EXPONENT_ORDER",
@@ -26,6 +28,7 @@ __all__ = [
     "LENGTH_KNOBS",
     "LINEAR",
     "LOGPROB",
+    "LOG_PROB_BUDGET",
     "MEMORY_EQUAL_FIELDS",
     "MEMORY_MONOTONE_KNOBS",
     "MICRO",
@@ -50,6 +53,7 @@ __all__ = [
     "UTILIZATION_STEP",
     "VERL_KNOBS",
     "VERL_MAX_NUM_SEQS",
+    "VLLM_KNOBS",
     "WORKERS",
     "KnobSpec",
     "LoraSpec",
@@ -83,21 +87,25 @@ OFFLOAD_KNOBS = ("param_offload", "optimizer_offload", "offload_policy")
 HOLDING_KNOBS = (SHARDING, *OFFLOAD_KNOBS)  # how the training states are held: sampled together
 
 
-# verl's own knobs (`--engine verl` only; `prepare` refuses them for the built-in probe): vLLM's share of the
-# card, tensor parallel size (divisors of W), max_num_seqs, and dynamic batch size with its token budget
+# verl's own knobs: vLLM's share of the card, tensor parallel size (divisors of W) and max_num_seqs (measured
+# with `--engine verl` only: `prepare` refuses them for the built-in probe, which has no vLLM), and dynamic
+# batch size with its token budgets (the built-in probe packs micro batches as verl does: both measure them)
 UTILIZATION, TP, SEQS = "gpu_memory_utilization", "tensor_model_parallel_size", "max_num_seqs"
+VLLM_KNOBS = (UTILIZATION, TP, SEQS)
 
 
 VERL_MAX_NUM_SEQS = 256  # max_num_seqs unset: verl's default (trainer/config/rollout/rollout.yaml)
 
 
 DYNAMIC, BUDGET = "use_dynamic_bsz", "ppo_max_token_len_per_gpu"
+LOG_PROB_BUDGET, CRITIC_BUDGET = "log_prob_max_token_len_per_gpu", "critic_max_token_len_per_gpu"
+BUDGETS = (BUDGET, LOG_PROB_BUDGET, CRITIC_BUDGET)  # the update's, the forward passes', the critic's
 
 
-VERL_KNOBS = (UTILIZATION, TP, SEQS, DYNAMIC, BUDGET)
+VERL_KNOBS = (*VLLM_KNOBS, DYNAMIC, *BUDGETS)
 
 
-DYNAMIC_KNOBS = (DYNAMIC, BUDGET)  # sampled together: the budget only with dynamic batch size on
+DYNAMIC_KNOBS = (DYNAMIC, *BUDGETS)  # sampled together: the budgets only with dynamic batch size on
 
 
 UTILIZATION_STEP = 0.05  # of a {min, max} share without a step
@@ -170,7 +178,7 @@ MEMORY_EQUAL_FIELDS = (
 
 
 # monotone where both are set (vLLM's pool, the tokens per micro-batch); None (a rule) compares only with None
-OPTIONAL_MONOTONE_KNOBS = (UTILIZATION, BUDGET)
+OPTIONAL_MONOTONE_KNOBS = (UTILIZATION, *BUDGETS)
 
 
 TIME_ONLY_KNOBS = (TRAIN, ACCUM, WORKERS)
