@@ -115,7 +115,7 @@ def test_kv_cache_of_the_rollout_share():
     config = ProbeConfig(
         rollout_batch_size=64, train_batch_size=64, max_prompt_length=512, max_response_length=512
     )
-    b = predict_components(LLAMA_7B, config, world_size=4, device="cuda")
+    b = predict_components(LLAMA_7B, config, world_size=4, device="cuda", passes="trl")
     assert b.kv_cache == 8 * GIB + 8 * GIB // 32
     assert b.generation_logits == 16 * 32000 * (2 + 4 + 4)  # bf16 logits, fp32 copy, softmax probs
 
@@ -124,7 +124,7 @@ def test_training_logits_and_activations_of_a_micro_batch():
     config = ProbeConfig(
         micro_batch_size=16, max_prompt_length=32, max_response_length=64, gradient_checkpointing=False
     )
-    b = predict_components(TINY, config, world_size=1, device="cpu")
+    b = predict_components(TINY, config, world_size=1, device="cpu", passes="trl")
     # response logits 16 × 65 × 32000 × 4 B = 133.1 MB; three fp32 copies at once in backward (logits,
     # accumulated grad, next select_backward grad) + two 64 × 32000 × 4 B = 8.2 MB row temporaries
     full, row = 16 * 65 * 32000 * 4, 64 * 32000 * 4
@@ -137,11 +137,52 @@ def test_training_logits_and_activations_of_a_micro_batch():
     assert b.scoring_logits == full + 2 * row
 
 
+def test_verl_passes_price_the_logits_of_every_packed_token():
+    # verl packs 16 samples of 32 + 64 tokens into one row of 1,536 tokens and takes the logits of all of them
+    config = ProbeConfig(
+        micro_batch_size=16, max_prompt_length=32, max_response_length=64, gradient_checkpointing=False
+    )
+    b = predict_components(TINY, config, world_size=1, device="cpu")
+    tokens = 16 * 96
+    assert b.tokens == {
+        "update": tokens,
+        "forward": tokens,
+        "critic_update": tokens,
+        "critic_forward": tokens,
+    }
+    # CPU: three fp32 copies in the update (logits, the accumulating gradient, gather's), one token per row
+    assert b.logits == 3 * tokens * 32000 * 4
+    # the old log-prob pass computes the entropy: the softmax and one more temporary beside the logits
+    assert b.scoring_logits == 3 * tokens * 32000 * 4
+    # the packed row's block-diagonal bool mask (CPU: Hugging Face's from the position ids) is tokens²
+    per_layer = 1536 + 1280 + 2048
+    assert b.activations == 2 * per_layer * tokens + 3 * 64 * 4 * tokens + tokens * tokens
+    # no generate phase: the rollout is vLLM's pool
+    assert set(b.phases) == {"scoring", "update"} and b.kv_cache == 0
+    # GPU: bf16 logits, flash-attn's cross-entropy writes the gradient into them; no mask (varlen kernels)
+    gpu = predict_components(TINY, config, world_size=1, device="cuda")
+    assert gpu.logits == tokens * 32000 * 2
+    assert gpu.scoring_logits == 3 * tokens * 32000 * 2
+
+
+def test_verl_passes_price_what_the_data_and_the_budgets_hold():
+    from autotune.config.lengths import JobLengths
+
+    short = JobLengths.from_counts([20] * 64, [30] * 64)  # every sample 50 tokens on the data
+    config = ProbeConfig(micro_batch_size=8, max_prompt_length=32, max_response_length=64)
+    on_data = predict_components(TINY, config, device="cpu", lengths=short)
+    assert on_data.tokens["update"] == 8 * 50  # not 8 × 96 at the limits
+    budget = dataclasses.replace(config, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=300)
+    assert predict_components(TINY, budget, device="cpu", lengths=short).tokens["update"] == 300
+    # at the limits only whole sequences of 96 fit in 300 tokens
+    assert predict_components(TINY, budget, device="cpu").tokens["update"] == 3 * 96
+
+
 def test_gpu_activations_and_autocast_weight_copies_of_7b():
     config = ProbeConfig(
         micro_batch_size=1, max_prompt_length=512, max_response_length=512, gradient_checkpointing=False
     )
-    b = predict_components(LLAMA_7B, config, device="cuda")
+    b = predict_components(LLAMA_7B, config, device="cuda", passes="trl")
     # per token per layer under autocast: fp32 residual/norms 2×(3×4096×4 + 4096×2 bf16 cast) = 114,688;
     # bf16 attention (3×4096 + 2×4096) × 2 = 40,960 (q, k after RoPE, v, SDPA out, o_proj in); bf16 SwiGLU
     # 4×11008 × 2 = 88,064: 243,712 B ≈ 59·h (Korthikanti's 34·h is GELU with bf16 norms)
@@ -149,7 +190,9 @@ def test_gpu_activations_and_autocast_weight_copies_of_7b():
     assert b.activations == 32 * 243_712 * tokens + 3 * 4096 * 4 * tokens + 1024 * 1024
     # the bf16 copies autocast caches of the fp32 actor: all but the 32000×4096 input embedding
     assert b.update_autocast_weights == 2 * (6_738_415_616 - 32000 * 4096)
-    lora = predict_components(LLAMA_7B, dataclasses.replace(config, use_lora=True), device="cuda")
+    lora = predict_components(
+        LLAMA_7B, dataclasses.replace(config, use_lora=True), device="cuda", passes="trl"
+    )
     assert lora.update_autocast_weights == 0  # the LoRA base is bf16 already
 
 
@@ -157,16 +200,19 @@ def test_logits_with_a_large_vocabulary_and_on_gpu():
     qwen = dataclasses.replace(TINY, vocab=151936)
     config = ProbeConfig(micro_batch_size=16, max_response_length=64)
     full, row = 16 * 65 * 151936 * 4, 64 * 151936 * 4  # 632 MB; rows of 38.9 MB are mmapped, not kept
-    assert predict_components(qwen, config, device="cpu").logits == 3 * full + 2 * row
+    assert predict_components(qwen, config, device="cpu", passes="trl").logits == 3 * full + 2 * row
     # GPU: the bf16 logits die with response_log_probs; backward holds three fp32 copies (12 B/element)
-    gpu = predict_components(qwen, config, device="cuda")
+    gpu = predict_components(qwen, config, device="cuda", passes="trl")
     assert gpu.logits == 3 * full + 2 * row
     assert gpu.scoring_logits == 16 * 65 * 151936 * (2 + 4) + 2 * row  # bf16 logits + their fp32 copy
 
 
-def test_peak_is_static_plus_the_largest_phase_not_their_sum():
-    b = predict_components(LLAMA_7B, ProbeConfig(), world_size=1, device="cuda")
-    assert set(b.phases) == {"rollout", "scoring", "update"}
+@pytest.mark.parametrize(
+    ("passes", "phases"), [("trl", {"rollout", "scoring", "update"}), ("verl", {"scoring", "update"})]
+)
+def test_peak_is_static_plus_the_largest_phase_not_their_sum(passes, phases):
+    b = predict_components(LLAMA_7B, ProbeConfig(), world_size=1, device="cuda", passes=passes)
+    assert set(b.phases) == phases
     totals = [b.phase_states[phase] + b.phases[phase] for phase in b.phases]
     assert b.total == b.static + max(totals)
     assert b.total < b.static + sum(totals)
@@ -177,13 +223,14 @@ def _grow(config: ProbeConfig, **changes) -> ProbeConfig:
     return dataclasses.replace(config, **changes)
 
 
-MONOTONE = [  # knob, values, the terms it grows
+MONOTONE = [  # knob, values, the terms it grows (verl's passes: no generate, so no KV cache)
     ("micro_batch_size", [1, 2, 4, 8, 16], ("activations", "logits")),
     ("rollout_batch_size", [4, 8, 16, 32, 64], ("kv_cache",)),
     ("max_prompt_length", [8, 32, 128, 512], ("activations", "kv_cache", "scoring_activations")),
     ("max_response_length", [8, 32, 128, 512, 2048], ("logits", "kv_cache", "scoring_logits")),
     ("log_prob_micro_batch_size", [1, 4, 16, 64], ("scoring_activations", "scoring_logits")),
 ]
+ROLLOUT_TERMS = ("kv_cache",)
 
 
 @pytest.mark.parametrize("arch", [TINY, LLAMA_7B], ids=["tiny", "7b"])
@@ -191,8 +238,9 @@ MONOTONE = [  # knob, values, the terms it grows
 @pytest.mark.parametrize("use_lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("sharding", ["replicate", "full_shard", "shard_grad_op"])
 @pytest.mark.parametrize(("knob", "values", "terms"), MONOTONE)
+@pytest.mark.parametrize("passes", ["verl", "trl"])
 def test_prediction_never_decreases_when_a_memory_knob_grows(
-    arch, device, use_lora, sharding, knob, values, terms
+    arch, device, use_lora, sharding, knob, values, terms, passes
 ):
     # Sequences long enough that every knob's own term shows: at short ones a 7B model's full fine-tuning
     # peaks in AdamW's foreach step (a 27 GB temporary), which no batch knob moves.
@@ -204,12 +252,12 @@ def test_prediction_never_decreases_when_a_memory_knob_grows(
         sharding=sharding,
         gradient_checkpointing=False,
     )
-    model = MemoryModel(arch, world_size=2, device=device)
+    model = MemoryModel(arch, world_size=2, device=device, passes=passes)
     configs = [_grow(base, **{knob: v}) for v in values]
     predictions = [model.predict(c) for c in configs]
     assert predictions == sorted(predictions), (knob, predictions)
     # the knob's own terms grow strictly (the total only where their phase sets the peak)
-    for term in terms:
+    for term in terms if passes == "trl" else [t for t in terms if t not in ROLLOUT_TERMS]:
         values = [getattr(model.breakdown(c), term) for c in configs]
         assert all(a < b for a, b in itertools.pairwise(values)), (knob, term, values)
 

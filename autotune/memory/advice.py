@@ -1,10 +1,11 @@
 """What to change when a configuration does not fit: one ordered list of remedies, for the report and `check`.
 
 The order is the seed article's first aid for an out-of-memory run: halve the micro batch first, then the
-forward-only micro batch, then the rollout batch (its KV cache; the train batch stays), then shorten the
-lengths (never below what the data needs), then trade time for memory (gradient checkpointing), then change
-what is trained (LoRA) or where the states live (FSDP with CPU offload). Raising gradient accumulation does
-not lower the peak: it only lengthens the step.
+forward-only micro batch (verl's passes; under dynamic batch size the token budgets instead), or the rollout
+batch (its KV cache; the train batch stays) where the trainer generates in the training process, then
+shorten the lengths (never below what the data needs), then trade time for memory (gradient checkpointing),
+then change what is trained (LoRA) or where the states live (FSDP with CPU offload). Raising gradient
+accumulation does not lower the peak: it only lengthens the step.
 
 `check`'s first aid puts the switches that change no batch and no length (`switches`: gradient checkpointing
 on, the states sharded over the GPUs) first when one makes the config fit by itself, and before shorter
@@ -35,7 +36,7 @@ GRADIENT_ACCUMULATION_NOTE = (
 class Remedy:
     """One change that lowers the peak: its name, what to do, and the config (and state layout) after it."""
 
-    name: str  # micro, forward_micro, rollout, lengths, checkpointing, lora, offload
+    name: str  # micro, forward_micro, budget, rollout, lengths, checkpointing, lora, offload
     change: str
     config: ProbeConfig
 
@@ -60,12 +61,16 @@ def remedies(config: ProbeConfig, lengths: tuple[int, int] | None = None, gpus: 
     """Single changes that lower the peak of `config` on `gpus` GPUs, in first-aid order (see the module
     docstring)."""
     c, found = config, []
-    if c.micro_batch_size > 1:
+    if c.use_dynamic_bsz:  # verl cuts micro batches by the token budgets: the micro batch sizes are unread
+        budget = _halved_budgets(c)
+        if budget is not None:
+            found.append(budget)
+    elif c.micro_batch_size > 1:
         m = c.micro_batch_size // 2
         found.append(
             Remedy("micro", f"micro_batch_size {c.micro_batch_size}→{m}", _with(c, micro_batch_size=m))
         )
-    if c.forward_micro_batch_size > c.micro_batch_size:
+    if c.forward_micro_batch_size > c.micro_batch_size and not c.use_dynamic_bsz:
         lm = c.forward_micro_batch_size // 2
         change = f"log_prob_micro_batch_size {c.forward_micro_batch_size}→{lm}"
         found.append(Remedy("forward_micro", change, _with(c, log_prob_micro_batch_size=lm)))
@@ -91,6 +96,19 @@ def remedies(config: ProbeConfig, lengths: tuple[int, int] | None = None, gpus: 
     return found
 
 
+BUDGETS = ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu", "critic_max_token_len_per_gpu")
+
+
+def _halved_budgets(c: ProbeConfig) -> Remedy | None:
+    """Every token budget halved, none below one sequence (verl asserts a budget holds the longest)."""
+    before = c.token_budgets
+    after = tuple(max(c.sequence_length, b // 2) for b in before)
+    if after == before:
+        return None
+    shown = ", ".join(f"{name} {old}→{new}" for name, old, new in zip(BUDGETS, before, after, strict=True))
+    return Remedy("budget", shown, _with(c, **dict(zip(BUDGETS, after, strict=True))))
+
+
 def _with(config: ProbeConfig, **changes: Any) -> ProbeConfig:
     return dataclasses.replace(config, **changes)
 
@@ -111,6 +129,7 @@ def switches(config: ProbeConfig, gpus: int = 1) -> list[Remedy]:
 CHANGES = {  # the fields each remedy changes, to apply it on top of others
     "micro": ("micro_batch_size",),
     "forward_micro": ("log_prob_micro_batch_size",),
+    "budget": BUDGETS,
     "rollout": ("rollout_batch_size",),
     "lengths": ("max_prompt_length", "max_response_length"),
     "checkpointing": ("gradient_checkpointing",),
@@ -140,7 +159,10 @@ def first_aid(
     by_name = {r.name: r for r in remedies(config, lengths, model.world_size)}
     steps: list[str] = []
     current = config
-    for name in ("micro", "rollout", "switch", "lengths"):
+    # verl's passes have no generate phase (vLLM's pool is sized by its share): the forward micro batch, not
+    # the rollout batch, is the next knob; under dynamic batch size the budgets take the micro batches' place
+    order = ("micro", "budget", "forward_micro") if model.passes == "verl" else ("micro", "rollout")
+    for name in (*order, "switch", "lengths"):
         if fits(current):
             break
         if name == "switch":

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.config.knobs import VERL_DEFAULT_UTILIZATION, ProbeConfig
+from autotune.config.lengths import JobLengths, PassTokens, pass_tokens
 
 __all__ = [
     "PRIORS",
@@ -195,6 +196,7 @@ class MemoryBreakdown:
     loaded_scoring: int = 0
     loaded_update: int = 0
     backward_peak: int = 0  # the update's forward and backward before the optimizer steps (over static)
+    tokens: dict[str, int] = field(default_factory=dict)  # verl's passes: each pass's largest micro batch
     phases: dict[str, int] = field(default_factory=dict)
     phase_states: dict[str, int] = field(default_factory=dict)
 
@@ -311,13 +313,14 @@ def _weights(arch: Architecture, config: ProbeConfig, p: _Precision, held: _Hold
     return trained + reference + arch.reward_parameters * p.frozen  # the reward model runs whole
 
 
-def _rollout_buffer(config: ProbeConfig, world_size: int) -> int:
-    """The rank's rollout as `ppo.rollout`, `score` and `advantages` keep it: int64 ids and mask per token,
-    a score per sample, and per response token old log-probs, the mask and advantages, reference log-probs
-    with KL, values and returns for PPO (fp32)."""
+def _rollout_buffer(config: ProbeConfig, world_size: int, passes: str = "verl") -> int:
+    """The rank's rollout as `ppo.rollout`, `score` and `advantages` keep it: int64 ids and mask per token
+    (verl's passes: each sample's tokens, at most Lp + Lr, and its padded response ids), a score per sample,
+    and per response token old log-probs, the mask and advantages (and the entropy, verl's), reference
+    log-probs with KL, values and returns for PPO (fp32)."""
     samples = config.train_batch_size // world_size
     ids_and_masks = 2 * config.sequence_length * 8
-    per_token = 3 + config.use_kl + 2 * (config.algorithm == "ppo")
+    per_token = 3 + config.use_kl + 2 * (config.algorithm == "ppo") + (passes == "verl")
     return samples * (ids_and_masks + per_token * config.max_response_length * 4 + 4)
 
 
@@ -351,12 +354,37 @@ def _layer_forward_bytes(arch: Architecture, p: _Precision) -> int:
     return p.residual * 3 * h + p.act * max(3 * i, 3 * arch.q_size + 4 * arch.kv_size)
 
 
-def _training_activations(arch: Architecture, config: ProbeConfig, p: _Precision) -> tuple[int, int]:
-    """(saved activations, backward workspace) of one training micro-batch of m × (Lp+Lr) tokens."""
-    tokens = config.micro_batch_size * config.sequence_length
+@dataclass(frozen=True)
+class _Pass:
+    """A training pass's largest micro batch as the memory sees it: its tokens, the attention mask's bytes
+    (shared by the layers), and whether it is packed (verl: the logits of every token) or padded rows (the
+    logits of the response positions of `rows` samples)."""
+
+    tokens: int
+    mask: int
+    packed: bool
+    rows: int = 0
+
+    @classmethod
+    def padded(cls, config: ProbeConfig, rows: int) -> _Pass:
+        """rows × (Lp + Lr) tokens and the 4D bool SDPA mask of each row."""
+        return cls(rows * config.sequence_length, rows * config.sequence_length**2, False, rows)
+
+    @classmethod
+    def of_packed(cls, tokens: int, device: str) -> _Pass:
+        """A packed row: on CPU Hugging Face builds the block-diagonal bool mask (tokens² bytes) from the
+        position ids; on GPU verl attends with flash-attn's varlen kernels, which hold none."""
+        return cls(tokens, tokens * tokens if device == "cpu" else 0, True)
+
+
+def _training_activations(
+    arch: Architecture, config: ProbeConfig, p: _Precision, run: _Pass
+) -> tuple[int, int]:
+    """(saved activations, backward workspace) of one training micro-batch."""
+    tokens = run.tokens
     layer = _layer_training_bytes(arch, p, config.use_lora) * tokens
     final_norm = 3 * arch.hidden * 4 * tokens
-    mask = config.micro_batch_size * config.sequence_length**2  # the 4D bool SDPA mask, shared by layers
+    mask = run.mask
     if config.gradient_checkpointing:
         # non-reentrant checkpointing keeps each layer's input; backward recomputes one layer at a time
         saved = arch.layers * p.residual * arch.hidden * tokens + final_norm + mask
@@ -373,24 +401,36 @@ def _logit_row_bytes(config: ProbeConfig, arch: Architecture) -> int:
     return config.max_response_length * arch.vocab * 4
 
 
-def _training_logits(arch: Architecture, config: ProbeConfig, p: _Precision) -> int:
-    """A training micro-batch's response logits with their gradients.
+def _training_logits(arch: Architecture, config: ProbeConfig, p: _Precision, run: _Pass) -> int:
+    """A training micro-batch's logits with their gradients.
 
-    Three fp32 copies at once: the logits (saved by every row's logsumexp; under autocast their fp32
-    `.float()` copy — the bf16 logits die with `response_log_probs`), the gradient accumulating over the
-    rows, and the next row's full-size `select_backward` gradient (measured on CPU: 2.98 copies), plus two
-    row temporaries. (A CPU probe returns freed tensors to the system, as a device allocator frees them: see
-    autotune.probe.contract.MMAP_THRESHOLD; glibc's heap would otherwise keep freed rows resident.)
+    Padded rows (the response positions): three fp32 copies at once: the logits (saved by every row's
+    logsumexp; under autocast their fp32 `.float()` copy — the bf16 logits die with `response_log_probs`),
+    the gradient accumulating over the rows, and the next row's full-size `select_backward` gradient
+    (measured on CPU: 2.98 copies), plus two row temporaries. (A CPU probe returns freed tensors to the
+    system, as a device allocator frees them: see autotune.probe.contract.MMAP_THRESHOLD; glibc's heap would
+    otherwise keep freed rows resident.)
+    Packed (verl, every token's logits): on CPU the same three fp32 copies (verl's row-wise log-probs with
+    logsumexp, one token per row); on GPU verl takes the log-probs with flash-attn's cross-entropy, which
+    writes the gradient into the bf16 logits in place (`inplace_backward`): one copy.
     """
-    full = _logit_elements(config.micro_batch_size, config, arch) * 4
-    return 3 * full + 2 * _logit_row_bytes(config, arch)
+    if not run.packed:
+        full = _logit_elements(run.rows, config, arch) * 4
+        return 3 * full + 2 * _logit_row_bytes(config, arch)
+    if p.autocast:
+        return run.tokens * arch.vocab * p.act
+    return 3 * run.tokens * arch.vocab * 4
 
 
-def _forward_logits(arch: Architecture, config: ProbeConfig, p: _Precision, rows: int) -> int:
-    """Forward-only response logits: fp32 logits (+ the bf16 ones under autocast) and logsumexp's row
-    temporaries (two)."""
-    full = _logit_elements(rows, config, arch) * (4 + (2 if p.autocast else 0))
-    return full + 2 * _logit_row_bytes(config, arch)
+def _forward_logits(arch: Architecture, config: ProbeConfig, p: _Precision, run: _Pass, entropy: bool) -> int:
+    """Forward-only logits. Padded rows: fp32 logits (+ the bf16 ones under autocast) and logsumexp's row
+    temporaries (two). Packed (verl): the logits of every token, and with the entropy (verl's old log-prob
+    pass) the softmax and one more vocabulary-sized temporary beside them (logsumexp's, then softmax ×
+    logits); the log-probs come row by row (CPU) or from flash-attn's cross-entropy (GPU): no more."""
+    if not run.packed:
+        full = _logit_elements(run.rows, config, arch) * (4 + (2 if p.autocast else 0))
+        return full + 2 * _logit_row_bytes(config, arch)
+    return (3 if entropy else 1) * run.tokens * arch.vocab * p.act
 
 
 def _autocast_weight_copy(
@@ -439,12 +479,19 @@ def _reward_forward(arch: Architecture, config: ProbeConfig, p: _Precision, worl
     return rows * (length * per_token + scores)
 
 
-def _scoring_terms(arch: Architecture, config: ProbeConfig, p: _Precision, world_size: int) -> dict[str, int]:
-    rows = config.forward_micro_batch_size
-    tokens = rows * config.sequence_length
-    hidden = tokens * arch.hidden * p.residual  # the final hidden states, alive while the logits are made
-    layer = tokens * _layer_forward_bytes(arch, p) + rows * config.sequence_length**2
-    logits = _forward_logits(arch, config, p, rows)
+def _scoring_terms(
+    arch: Architecture, config: ProbeConfig, p: _Precision, world_size: int, passes: _Passes
+) -> dict[str, int]:
+    run = passes.forward
+    hidden = run.tokens * arch.hidden * p.residual  # the final hidden states, alive while the logits are made
+    layer = run.tokens * _layer_forward_bytes(arch, p) + run.mask
+    critic = passes.critic_forward
+    if critic is not None:  # the values pass: a layer's transients, no vocabulary-sized logits
+        critic_hidden = critic.tokens * arch.hidden * p.residual
+        layer = max(
+            layer, critic.tokens * _layer_forward_bytes(arch, p) + critic.mask + critic_hidden - hidden
+        )
+    logits = _forward_logits(arch, config, p, run, entropy=run.packed)
     actor_cache = _autocast_weight_copy(arch, arch.actor_parameters, p, config)
     critic_cache = 0
     if config.algorithm == "ppo":
@@ -459,8 +506,13 @@ def _scoring_terms(arch: Architecture, config: ProbeConfig, p: _Precision, world
     return terms
 
 
-def _update_terms(arch: Architecture, config: ProbeConfig, p: _Precision, held: _Holding) -> dict[str, int]:
-    saved, workspace = _training_activations(arch, config, p)
+def _update_terms(
+    arch: Architecture, config: ProbeConfig, p: _Precision, held: _Holding, passes: _Passes
+) -> dict[str, int]:
+    saved, workspace = _training_activations(arch, config, p, passes.update)
+    if passes.critic_update is not None:  # the critic's micro batch may have a budget of its own
+        critic_saved, critic_workspace = _training_activations(arch, config, p, passes.critic_update)
+        saved, workspace = max(saved, critic_saved), max(workspace, critic_workspace)
     actor, critic = _trainable_parameters(arch, config)
     # AdamW's temporaries: foreach on CUDA (sqrt of every exp_avg_sq at once), per tensor on CPU (two copies
     # of the largest tensor, the embedding or the LM head); of the local shards when sharded
@@ -472,7 +524,7 @@ def _update_terms(arch: Architecture, config: ProbeConfig, p: _Precision, held: 
     # zero_grad(set_to_none=True) opens every mini-batch: with one micro-batch per step the model's own
     # gradients are not alive during its forward (they fill in as backward frees the activations)
     released = actor * 4 // held.shards if config.gradient_accumulation_steps == 1 else 0
-    logits = _training_logits(arch, config, p)
+    logits = _training_logits(arch, config, p, passes.update)
     return {
         "activations": saved,
         "logits": logits,
@@ -518,15 +570,58 @@ def _sharded_terms(arch: Architecture, config: ProbeConfig, p: _Precision, held:
     return {**gathered, "reduce_scatter": trained_grads, **loaded}
 
 
+PASSES = ("verl", "trl")  # whose training passes are priced (autotune.probe.rank.ppo.PASSES)
+
+
+@dataclass(frozen=True)
+class _Passes:
+    """The largest micro batch of each training pass (None: the pass does not run)."""
+
+    update: _Pass
+    forward: _Pass
+    critic_update: _Pass | None
+    critic_forward: _Pass | None
+
+    @classmethod
+    def of(cls, config: ProbeConfig, device: str, passes: str, tokens: PassTokens) -> _Passes:
+        """verl's passes: packed micro batches of `tokens`; TRL's: padded rows of the micro batch sizes."""
+        if passes == "trl":
+            update = _Pass.padded(config, config.micro_batch_size)
+            forward = _Pass.padded(config, config.forward_micro_batch_size)
+            critic = config.algorithm == "ppo"
+            return cls(update, forward, update if critic else None, forward if critic else None)
+        return cls(
+            _Pass.of_packed(tokens.update, device),
+            _Pass.of_packed(tokens.forward, device),
+            _Pass.of_packed(tokens.critic_update, device) if tokens.critic_update else None,
+            _Pass.of_packed(tokens.critic_forward, device) if tokens.critic_forward else None,
+        )
+
+
 def predict_components(
-    arch: Architecture, config: ProbeConfig, world_size: int = 1, device: str = "cuda"
+    arch: Architecture,
+    config: ProbeConfig,
+    world_size: int = 1,
+    device: str = "cuda",
+    lengths: JobLengths | None = None,
+    passes: str = "verl",
+    tokens: PassTokens | None = None,
 ) -> MemoryBreakdown:
-    """Per-rank bytes of one probe configuration, term by term (no constant, no calibration factor)."""
+    """Per-rank bytes of one probe configuration, term by term (no constant, no calibration factor).
+
+    verl's passes price each pass's largest micro batch in tokens: `tokens` when given (what a probe
+    packed), else `pass_tokens` on the job's `lengths` (None: every sample at the limits). TRL's price padded
+    rows, and a rollout by Hugging Face generate."""
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, but got {device!r}.")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, but got {world_size}.")
-    return _components(arch, config, world_size, device)
+    if passes not in PASSES:
+        raise ValueError(f"passes must be one of {PASSES}, but got {passes!r}.")
+    if passes == "trl":
+        config = config.with_fixed_micro_batches(world_size)  # TRL has no dynamic batch size
+    tokens = tokens or pass_tokens(config, lengths or JobLengths(), world_size)
+    return _components(arch, config, world_size, device, passes, tokens)
 
 
 def _backward_moment(update: dict[str, int], get: Any) -> tuple[int, int]:
@@ -540,15 +635,17 @@ def _backward_moment(update: dict[str, int], get: Any) -> tuple[int, int]:
     return max(logits, layers, key=sum)
 
 
-def _components(arch: Architecture, config: ProbeConfig, world_size: int, device: str) -> MemoryBreakdown:
-    config = config.with_fixed_micro_batches(world_size)  # dynamic batches: the sequences a budget holds
+def _components(
+    arch: Architecture, config: ProbeConfig, world_size: int, device: str, passes: str, tokens: PassTokens
+) -> MemoryBreakdown:
     p = _Precision.of(device, config.use_lora, config.sharded)
     held = _Holding.of(config, world_size, device)
     actor, critic = _trainable_parameters(arch, config)
     trainable = actor + critic
+    runs = _Passes.of(config, device, passes, tokens)
     rollout = _rollout_terms(arch, config, p, world_size)
-    scoring = _scoring_terms(arch, config, p, world_size)
-    update = _update_terms(arch, config, p, held)
+    scoring = _scoring_terms(arch, config, p, world_size, runs)
+    update = _update_terms(arch, config, p, held, runs)
     sharded = _sharded_terms(arch, config, p, held)
     get = sharded.get
     backward_states, backward = _backward_moment(update, get)
@@ -573,13 +670,18 @@ def _components(arch: Architecture, config: ProbeConfig, world_size: int, device
         ),
         "update": max(update["optimizer_step"] if stepping else backward, 0),
     }
+    if passes == "verl":  # the rollout is vLLM's pool (generation_bytes), not a phase of the training side
+        rollout = dict.fromkeys(rollout, 0)
+        phases.pop("rollout")
+        phase_states.pop("rollout")
     return MemoryBreakdown(
+        tokens=tokens.to_dict() if passes == "verl" else {},
         backward_peak=get("loaded_update", 0) + backward_states + backward,
         weights=_weights(arch, config, p, held),
         gradients=0 if held.weights_away else trainable * 4 // held.shards,
         optimizer=0 if held.optimizer_away else trainable * 4 * ADAM_MOMENTS // held.shards,
         ddp_buckets=trainable * 4 if world_size > 1 and not config.sharded else 0,
-        rollout_buffer=_rollout_buffer(config, world_size),
+        rollout_buffer=_rollout_buffer(config, world_size, passes),
         phases=phases,
         phase_states=phase_states,
         **rollout,
@@ -613,6 +715,8 @@ class MemoryModel:
         factor: float | None = None,
         rollout_card_bytes: float | None = None,
         vllm_rollout: bool = False,
+        lengths: JobLengths | None = None,
+        passes: str = "verl",
     ) -> None:
         if device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, but got {device!r}.")
@@ -625,12 +729,17 @@ class MemoryModel:
         self.points = 0  # measurements the calibration used
         # --engine verl: the card whose share vLLM claims (None: the built-in probe, no pool to model)
         self.rollout_card_bytes = rollout_card_bytes
-        # a verl job's rollout runs in vLLM's own pool (judged by the share, `generation_bytes` and check's
-        # pool findings): the probe's Hugging Face generate phase is then no peak of the job
+        # a job whose rollout runs in vLLM's own pool (judged by the share, `generation_bytes` and check's
+        # pool findings): a Hugging Face generate phase is then no peak of the job (verl's passes have none)
         self.vllm_rollout = vllm_rollout
+        self.lengths = lengths or JobLengths()  # the job's token lengths: what a micro batch holds
+        self.passes = passes  # whose training passes: verl's packed ones, or TRL's padded ones
 
-    def breakdown(self, config: ProbeConfig) -> MemoryBreakdown:
-        found = predict_components(self.arch, config, self.world_size, self.device)
+    def breakdown(self, config: ProbeConfig, tokens: PassTokens | None = None) -> MemoryBreakdown:
+        """The terms of `config` on the model's lengths, or with the `tokens` a probe packed."""
+        found = predict_components(
+            self.arch, config, self.world_size, self.device, self.lengths, self.passes, tokens
+        )
         if not self.vllm_rollout:
             return found
         return dataclasses.replace(
@@ -642,9 +751,9 @@ class MemoryModel:
     def raw_bytes(self, config: ProbeConfig) -> int:
         return self.breakdown(config).total
 
-    def split(self, config: ProbeConfig) -> tuple[int, int]:
+    def split(self, config: ProbeConfig, tokens: PassTokens | None = None) -> tuple[int, int]:
         """(exact, dynamic) bytes at the phase that peaks under this model's factor."""
-        b = self.breakdown(config)
+        b = self.breakdown(config, tokens)
         phase = b.peak_phase_at(self.factor)
         exact = b.static + b.phase_states.get(phase, 0)
         return exact, b.phases.get(phase, 0)
@@ -679,14 +788,16 @@ class MemoryModel:
     def minimum_bytes(self, config: ProbeConfig | None = None) -> int:
         return int(self.constant + minimum_bytes(self.arch, config, self.world_size, self.device))
 
-    def calibrate(self, points: Iterable[tuple[ProbeConfig, int]]) -> MemoryModel:
-        """Least-squares fit of measured − exact ≈ constant + factor × dynamic over `ok` probes' peaks.
+    def calibrate(self, points: Iterable[tuple[Any, ...]]) -> MemoryModel:
+        """Least-squares fit of measured − exact ≈ constant + factor × dynamic over `ok` probes' peaks:
+        points (config, peak), or (config, peak, tokens) with the tokens the probe packed (verl's passes), so
+        that a probe is priced on what it held.
 
         One point (or points whose raw totals coincide) keeps the prior factor and fits the constant; two or
         more fit both, the factor clamped to [0.5, 3] and the constant to >= 0 (the other refitted after a
         clamp). With no points the priors stay.
         """
-        splits = [(self.split(c), m) for c, m in points]
+        splits = [(self.split(c, *rest[1:]), rest[0]) for c, *rest in points]
         pairs = [(float(dynamic), float(m - exact)) for (exact, dynamic), m in splits]
         if not pairs:
             return self
@@ -696,8 +807,23 @@ class MemoryModel:
 
     def with_calibration(self, constant: float, factor: float) -> MemoryModel:
         """A copy of this model with another calibration (e.g. one fitted on another model's probes)."""
-        copy = MemoryModel(self.arch, self.world_size, self.device, constant, factor, self.rollout_card_bytes)
-        copy.vllm_rollout = self.vllm_rollout
+        copy = MemoryModel(
+            self.arch,
+            self.world_size,
+            self.device,
+            constant,
+            factor,
+            self.rollout_card_bytes,
+            self.vllm_rollout,
+            self.lengths,
+            self.passes,
+        )
+        return copy
+
+    def with_lengths(self, lengths: JobLengths) -> MemoryModel:
+        """A copy of this model (its calibration kept) that prices micro batches on other lengths."""
+        copy = self.with_calibration(self.constant, self.factor)
+        copy.lengths, copy.points = lengths, self.points
         return copy
 
     def to_dict(self) -> dict[str, Any]:
@@ -710,6 +836,8 @@ class MemoryModel:
             "points": self.points,
             "rollout_card_bytes": self.rollout_card_bytes,
             "vllm_rollout": self.vllm_rollout,
+            "lengths": self.lengths.to_dict(),
+            "passes": self.passes,
         }
 
     @classmethod
@@ -722,6 +850,8 @@ class MemoryModel:
             factor=float(data["factor"]),
             rollout_card_bytes=data.get("rollout_card_bytes"),
             vllm_rollout=bool(data.get("vllm_rollout", False)),
+            lengths=JobLengths.from_dict(data.get("lengths")),
+            passes=data.get("passes", "verl"),
         )
         model.points = int(data.get("points", 0))
         return model

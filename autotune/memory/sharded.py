@@ -30,6 +30,7 @@ class MemoryEstimate:
     constant: float
     factor: float
     gathered: int = 0  # the largest weights FSDP gathers at once in a training pass (full_shard: two units)
+    tokens: dict[str, int] = dataclasses.field(default_factory=dict)  # verl's passes: each micro batch's
 
     @property
     def peak_phase(self) -> str:
@@ -71,9 +72,23 @@ def estimate_with(model: MemoryModel, config: ProbeConfig) -> MemoryEstimate:
         "rollout_buffer": b.rollout_buffer,
     }
     phases = {phase: int(b.phase_total(phase)) for phase in b.phases}
-    return MemoryEstimate(
-        model.predict(held), b.total, states, phases, model.constant, model.factor, b.gathered_update
-    )
+    exact = (b.total, states, phases, model.constant, model.factor, b.gathered_update, b.tokens)
+    return MemoryEstimate(model.predict(held), *exact)
+
+
+def _micro_batch_detail(estimate: MemoryEstimate, config: ProbeConfig, phase: str) -> str:
+    """' (micro batch of 5,120 tokens packed)' for the phase that peaks: verl's passes count the tokens of the
+    largest micro batch; padded rows count samples × their length."""
+    if phase not in ("update", "scoring"):
+        return ""
+    if not estimate.tokens:
+        rows = config.micro_batch_size if phase == "update" else config.forward_micro_batch_size
+        return f" (micro batch {rows} × {config.sequence_length} tokens)"
+    if phase == "update":
+        tokens = max(estimate.tokens["update"], estimate.tokens["critic_update"])
+        return f" (micro batch of {tokens:,} tokens packed)"
+    tokens = max(estimate.tokens["forward"], estimate.tokens["critic_forward"])
+    return f" (log-prob micro batch of {tokens:,} tokens packed, with the entropy)"
 
 
 def describe(
@@ -108,8 +123,7 @@ def describe(
     else:
         how = "states replicated on every GPU"
     phase = estimate.peak_phase
-    tokens = f"{config.micro_batch_size} × {config.sequence_length} tokens"
-    detail = f" (micro batch {tokens})" if phase == "update" else ""
+    detail = _micro_batch_detail(estimate, config, phase)
     return (
         f"{models}: weights {gib(s['weights'], None)} + gradients {gib(s['gradients'], None)} + Adam states "
         f"{gib(s['optimizer'], None)} GiB ({how}), then the {phase} phase "

@@ -7,9 +7,11 @@ with first aid when it does not fit (`autotune.memory.advice`). `autotune check`
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from autotune.config.knobs import ProbeConfig
+from autotune.config.lengths import JobLengths
 from autotune.config.rules import (
     Finding,
 )
@@ -27,23 +29,22 @@ if TYPE_CHECKING:
 __all__ = ["SEVERITY", "VERDICT_WORDS", "memory_findings", "rollout_pool_findings", "study_model"]
 
 
-def study_model(arch: Architecture, gpus: int, device: str, vllm_rollout: bool = False) -> MemoryModel:
-    """The memory model as the study builds it (`run.prepare`) before any probe: the device's priors.
-    `vllm_rollout`: a verl file's rollout runs in vLLM's pool (the engine findings judge it), not in the
-    probe's generate phase."""
-    return MemoryModel(arch, gpus, device, vllm_rollout=vllm_rollout)
+def study_model(arch: Architecture, gpus: int, device: str, passes: str = "verl") -> MemoryModel:
+    """The memory model as the study builds it (`run.prepare`) before any probe: the device's priors, and the
+    trainer's passes (verl's packed ones: its rollout is vLLM's pool, which the engine findings judge)."""
+    return MemoryModel(arch, gpus, device, passes=passes)
 
 
 def _calibrated(
-    arch: Architecture, config: ProbeConfig, gpus: int, measured: Measured | None, vllm_rollout: bool = False
+    arch: Architecture, config: ProbeConfig, gpus: int, measured: Measured | None, passes: str = "verl"
 ) -> MemoryModel:
     """The CUDA model for another card or GPU count, calibrated on the file's measurement when that was taken
     on CUDA (one point: the constant fitted, the prior factor kept, as after the study's first probe)."""
-    model = study_model(arch, gpus, "cuda", vllm_rollout)
+    model = study_model(arch, gpus, "cuda", passes)
     if measured is None or measured.device != "cuda":
         return model
-    fitted = study_model(arch, measured.gpus, "cuda").calibrate([(config, measured.peak_bytes)])
-    model = MemoryModel(arch, gpus, "cuda", fitted.constant, fitted.factor, vllm_rollout=vllm_rollout)
+    fitted = study_model(arch, measured.gpus, "cuda", passes).calibrate([(config, measured.peak_bytes)])
+    model = MemoryModel(arch, gpus, "cuda", fitted.constant, fitted.factor, passes=passes)
     model.points = fitted.points
     return model
 
@@ -55,13 +56,16 @@ def memory_findings(
     gpus: int,
     card: Budget | None,
     report: LengthReport | None,
+    lengths: JobLengths | None = None,
+    passes: str = "verl",
 ) -> tuple[list[Finding], dict[str, Any]]:
     """The memory verdict: by the file's measurement on its device when it has one and the question is that
-    device, else by the study's memory model on the card (the measurement then shown for reference)."""
+    device, else by the study's memory model on the card (the measurement then shown for reference), on the
+    job's `lengths` (the data's, a verl log's; None: at the limits) and at the limits beside them."""
     measured = target.measured
     if measured is not None and card is None and gpus == measured.gpus:
         return _measured_verdict(arch, target, config, measured, report)
-    model = _calibrated(arch, config, gpus, measured, target.kind == "verl overrides")
+    model = _calibrated(arch, config, gpus, measured, passes).with_lengths(lengths or JobLengths())
     return _predicted_verdict(model, target, config, card, report)
 
 
@@ -81,6 +85,9 @@ def _estimate_info(
         model_label(model),
     )
     info = {
+        "lengths": model.lengths.label,
+        "lengths_used": model.lengths.describe(config.max_prompt_length, config.max_response_length),
+        "tokens": estimate.tokens,
         "predicted_peak_gib": round(estimate.peak / GIB, 2),
         "predicted_peak_bytes": estimate.peak,
         "model": model_label(model),
@@ -148,8 +155,9 @@ def _predicted_verdict(
             f" (for reference, the study measured {gib(measured.peak_bytes, None)} GiB per rank on "
             f"{measured.where}, {measured.gpus} rank(s))"
         )
+    on = f" on {info['lengths_used']}" if model.lengths.on_data else " at the limits"
     if card is None:
-        note = f"{said}: {text}; pass --gpu NAME or --memory GiB to compare it with the card"
+        note = f"{said}{on}: {text}; pass --gpu NAME or --memory GiB to compare it with the card"
         return [Finding("memory", note, severity="note")], info
     verdict = _verdict(estimate.peak, card)
     info.update(card_gib=card.bytes / GIB, limit_gib=round(card.limit / GIB, 3), verdict=verdict)
@@ -157,11 +165,74 @@ def _predicted_verdict(
     fix = ""
     if verdict != "fits":
         fix = first_aid(model, config, card.limit, _lengths(config, report))
-    line = f"{said} {VERDICT_WORDS[verdict]} {card.label}{_headroom(card, verdict)}; {text}"
+    line = f"{said}{on} {VERDICT_WORDS[verdict]} {card.label}{_headroom(card, verdict)}; {text}"
     found = [Finding("memory", line, fix, severity=SEVERITY[verdict])]
+    found += _at_the_limits(model, config, card, verdict, info)
     if verdict == "over":
         return found, info
     return found + rollout_pool_findings(target, card.bytes, estimate.peak), info
+
+
+def _at_the_limits(
+    model: MemoryModel, config: ProbeConfig, card: Budget, verdict: str, info: dict[str, Any]
+) -> list[Finding]:
+    """The worst case the lengths allow, beside a verdict on the data (`info["at_max_lengths"]`), and what
+    happens when responses grow: a fixed micro batch that fits on the data and not at the limits runs out
+    of memory hours into a run; a token budget bounds it whatever the lengths."""
+    worst_model = model.with_lengths(JobLengths())
+    worst = worst_model.predict(config)
+    worst_verdict = _verdict(worst, card)
+    info["at_max_lengths"] = {
+        "predicted_peak_gib": round(worst / GIB, 2),
+        "verdict": worst_verdict,
+        "tokens": worst_model.breakdown(config).tokens,
+    }
+    if not model.lengths.on_data or model.passes != "verl" or worst_verdict == verdict:
+        return []
+    at_max = f"{gib(worst, None)} GiB {VERDICT_WORDS[worst_verdict]} {card.label}"
+    if config.use_dynamic_bsz:
+        note = f"at the limits {config.max_prompt_length}+{config.max_response_length} tokens: {at_max}"
+        return [Finding("memory", note, severity="note")]
+    tokens = config.micro_batch_size * config.sequence_length
+    problem = (
+        f"when responses grow toward max_response_length={config.max_response_length} (RL responses do), a "
+        f"micro batch of {config.micro_batch_size} holds up to {tokens:,} tokens: {at_max}"
+        f"{_headroom(card, worst_verdict)}: the run fits today's lengths and not the limits"
+    )
+    budget = _bounding_budget(worst_model, config, card.limit)
+    fix = (
+        f"use_dynamic_bsz: true with ppo_max_token_len_per_gpu: {budget} (the largest budget that fits at "
+        f"any length: verl cuts every micro batch to it)"
+        if budget
+        else "a smaller micro batch, shorter limits, or the holdings of the first aid"
+    )
+    return [Finding("memory", problem, fix, severity="warning")]
+
+
+def _bounding_budget(model: MemoryModel, config: ProbeConfig, limit: float) -> int | None:
+    """The largest token budget (whole sequences at the limits, at most the micro batch's) under which the
+    config fits at any length, every pass at that budget; None when one sequence does not."""
+    sequence = config.sequence_length
+    best = None
+    for sequences in range(1, config.micro_batch_size * config.gradient_accumulation_steps + 1):
+        budget = sequences * sequence
+        dynamic = dataclasses.replace(
+            config,
+            use_dynamic_bsz=True,
+            ppo_max_token_len_per_gpu=budget,
+            log_prob_max_token_len_per_gpu=None,
+            critic_max_token_len_per_gpu=None,
+        )
+        if model.predict(dynamic) > limit:
+            break
+        best = budget
+    if best is None:
+        return None
+    round_budget = best // ROUND_BUDGET * ROUND_BUDGET  # a budget a person writes: 57344, not 58368
+    return round_budget if round_budget >= sequence else best
+
+
+ROUND_BUDGET = 1024
 
 
 VERDICT_WORDS = {"fits": "fits", "tight": "fits, but within the headroom of", "over": ">"}
