@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import sys
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +71,12 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     import torch
 
     from autotune.config.knobs import ProbeConfig
+    from autotune.config.lengths import JobLengths
     from autotune.models.registry import resolve_model, resolve_reward_model
     from autotune.models.tokenizer import load_tokenizer
     from autotune.probe.rank.measure import NvmlSampler, peak_memory, reset_peak, state_bytes
     from autotune.probe.rank.models import build_models
+    from autotune.probe.rank.packing import PassPacking
     from autotune.probe.rank.ppo import StepContext, iteration, warmup_config
     from autotune.probe.rank.prompts import prompt_batches
 
@@ -105,10 +108,16 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
         world_size=world_size,
         pad_token_id=tokenizer.pad_token_id,
         compute_dtype=torch.bfloat16 if device.type == "cuda" else None,
+        passes=settings.get("passes", "verl"),
+        lengths=JobLengths.from_dict(settings.get("lengths")),
+        vocab=actor_spec.config.vocab_size,
+        generator=torch.Generator().manual_seed(settings["seed"] * 7919 + rank),
     )
     generator = torch.Generator().manual_seed(settings["seed"])
 
-    warm_ctx = dataclasses.replace(ctx, config=warmup_config(config, world_size))
+    warm_ctx = dataclasses.replace(
+        ctx, config=warmup_config(config, world_size), packing=defaultdict(PassPacking)
+    )
     warmup = [
         iteration(models, warm_ctx, batches, generator)["seconds"]
         for _ in range(settings["warmup_iterations"])
@@ -117,6 +126,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
         sampler.measuring(True)
     window = CpuWindow()  # what other work took of the machine while these iterations were measured
     measured = [iteration(models, ctx, batches, generator) for _ in range(settings["iterations"])]
+    packing = {name: _per_iteration(p, len(measured)) for name, p in ctx.packing.items()}
     cpu = window.stop()
     utilization = sampler.stop() if sampler else None
     if torch.distributed.is_initialized():
@@ -130,8 +140,18 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
         },
         "peak": {**peak_memory(device.type, sampler), "state_bytes": state_bytes(models, device.type)},
         "gpu_utilization": utilization,
+        "packing": packing,
         "environment": environment(device),
         "cpu": cpu,
+    }
+
+
+def _per_iteration(packing, iterations: int) -> dict[str, int]:
+    """A pass's packing over the measured iterations, as one iteration's micro batches and tokens."""
+    return {
+        "micro_batches": packing.micro_batches // max(1, iterations),
+        "tokens": packing.tokens // max(1, iterations),
+        "max_tokens": packing.max_tokens,
     }
 
 

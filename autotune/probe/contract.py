@@ -44,6 +44,11 @@ class ProbeSettings:
     engine: str = "builtin"  # one of ENGINES: autotune's own PPO iteration, or verl itself (GPU machines)
     verl_python: str | None = None  # the verl environment's python (--verl-python), for engine "verl"
     trl_python: str | None = None  # the TRL environment's python (--trl-python; None: this one), engine "trl"
+    # whose training passes the built-in probe runs (autotune.probe.rank.ppo.PASSES): verl's packed passes on
+    # synthetic rollouts of the job's lengths, or TRL's generate and padded passes
+    passes: str = "verl"
+    # the job's token lengths (autotune.config.lengths.JobLengths.to_dict()); None: every sample at the limits
+    lengths: dict[str, Any] | None = None
 
 
 @dataclass
@@ -73,6 +78,9 @@ class ProbeResult:
     environment: dict[str, Any] = field(default_factory=dict)
     message: str = ""
     stderr_tail: str = ""
+    # verl's passes: per pass ("update", "forward", "critic update", "critic forward"), the micro batches and
+    # tokens packed per iteration and the largest micro batch's tokens, per rank (rank 0's)
+    packing: dict[str, dict[str, int]] = field(default_factory=dict)
     # True when the probe could not run for a reason outside the configuration (its fork server died):
     # the trial is retried, not recorded as a crash of the configuration.
     infrastructure: bool = False

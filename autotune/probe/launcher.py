@@ -292,9 +292,13 @@ def _fill_timing(result: ProbeResult, lead: dict[str, Any], config: ProbeConfig,
     iterations = timing["iterations"]
     mean_seconds = sum(iterations) / len(iterations)
     result.iteration_seconds = mean_seconds
-    # train_batch_size samples of (prompt + response) tokens per iteration, counted over all ranks.
+    # train_batch_size samples per iteration; their tokens as packed (verl's passes: each rank's share once,
+    # in its forward pass), else every sample at prompt + response length, counted over all ranks
     result.samples_per_sec = config.train_batch_size / mean_seconds
-    result.tokens_per_sec = config.train_batch_size * config.sequence_length / mean_seconds
+    packed = [r["packing"]["forward"]["tokens"] for r in ranks if r and r.get("packing", {}).get("forward")]
+    tokens = sum(packed) if len(packed) == len(ranks) else config.train_batch_size * config.sequence_length
+    result.tokens_per_sec = tokens / mean_seconds
+    result.packing = lead.get("packing") or {}
     result.phase_seconds = {k: sum(v) / len(v) for k, v in timing["phases"].items()}
     result.measured_seconds = sum(iterations)
     result.warmup_seconds = sum(timing.get("warmup", []))

@@ -55,9 +55,16 @@ def print_probe_result(result: ProbeResult, console: Console | None = None) -> N
     if result.samples_per_sec:
         table.add_row("samples/sec", f"{result.samples_per_sec:.3f}")
         table.add_row("tokens/sec", f"{result.tokens_per_sec:.1f}")
-        table.add_row("iteration", f"{result.iteration_seconds:.3f} s (mean of measured)")
+        training = " (the training phases: rollout is synthetic)" if result.packing else ""
+        table.add_row("iteration", f"{result.iteration_seconds:.3f} s (mean of measured){training}")
         for phase, seconds in result.phase_seconds.items():
             table.add_row(f"  {phase}", f"{seconds:.3f} s")
+    for name, packed in result.packing.items():
+        table.add_row(
+            f"packed: {name}",
+            f"{packed['micro_batches']} micro batch(es) of {packed['tokens']} tokens per iteration, "
+            f"the largest {packed['max_tokens']} tokens",
+        )
     table.add_row(
         "peak memory (max over ranks)", f"{_gib(result.peak_memory_bytes)} [{result.peak_memory_source}]"
     )

@@ -45,6 +45,7 @@ RESULT_KEYS = (  # the probe's figures worth keeping with the trial (the stderr 
     "device",
     "environment",
     "message",
+    "packing",
 )
 
 

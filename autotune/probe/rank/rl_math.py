@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "compute_gae",
+    "entropy_from_logits",
     "grpo_advantages",
     "kl_penalty",
     "logprobs_from_logits",
@@ -91,6 +92,14 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
         for row, row_labels in zip(logits, labels, strict=True)
     ]
     return torch.stack(rows)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """The entropy of softmax(logits) per position, as verl computes it in the old log-prob pass:
+    logsumexp(x) - sum(softmax(x) * x), every vocabulary-sized temporary at once (verl's default; its
+    `entropy_from_logits_with_chunking` is the chunked form)."""
+    probabilities = F.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - torch.sum(probabilities * logits, dim=-1)
 
 
 @torch.no_grad()

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from autotune.config.knobs import ProbeConfig
+from autotune.config.lengths import JobLengths
 from autotune.probe.traced import MemoryTrace, PhasePeak, TraceUnavailable
 
 __all__ = ["LAYOUTS", "main", "trace_memory"]
@@ -55,9 +56,7 @@ DDP_NOTE = "DDP's gradient buckets are the analytic model's: its C++ reducer can
 HOST_REFERENCE_NOTE = (
     "the reference's shards live on the host in a GPU run (verl's forward-only engine): not counted"
 )
-NOT_TRACED = (
-    "rollout is the analytic model's: Hugging Face generate stops on tensor values, which fake tensors lack"
-)
+NOT_TRACED = "rollout is not traced: verl generates in vLLM's own pool (the rollout engine's share)"
 
 
 # --- the fake world ---------------------------------------------------------------------------------------
@@ -115,32 +114,81 @@ def _reference_on_host(models: Any, layout: str, sharded: bool) -> int:
     return state_bytes(only_ref, "cpu")["weights"]
 
 
-def _resident(models: Any, batch: dict[str, torch.Tensor], layout: str, sharded: bool) -> dict[str, int]:
+def _resident(models: Any, buffer: list[torch.Tensor], layout: str, sharded: bool) -> dict[str, int]:
     from autotune.probe.rank.measure import state_bytes
 
     states = state_bytes(models, "cpu")
     states["weights"] -= _reference_on_host(models, layout, sharded)
-    return {**states, "rollout_buffer": _storage_bytes(list(batch.values()))}
+    return {**states, "rollout_buffer": sum(t.nbytes for t in buffer)}
 
 
 # --- building what the probe holds ------------------------------------------------------------------------
 
 
-def _rollout_batch(config: ProbeConfig, world_size: int) -> dict[str, torch.Tensor]:
-    """The rank's share of a rollout with the keys `ppo.rollout`, `score` and `advantages` leave in it (zeros:
-    a fake tensor's values are never read)."""
-    samples, length = config.train_batch_size // world_size, config.max_response_length
-    ids = torch.zeros(samples, config.sequence_length, dtype=torch.long)
-    keys = ["old_log_probs", "response_mask", "advantages"]
+def _micro_batch(config: ProbeConfig, tokens: int, lengths: Any) -> Any:
+    """A packed micro batch of `tokens` tokens (autotune.probe.rank.packing.Rollout): as many samples as the
+    job's mean sequence puts in it, their tokens split between prompt and response as the limits' shares.
+    What a pass holds grows with its tokens, not with how they are split into sequences (flash-attn's varlen
+    kernels, and the logits of every packed token)."""
+    from autotune.probe.rank.packing import Rollout
+
+    prompts = lengths.prompt_lengths(config.max_prompt_length)
+    responses = lengths.response_lengths(config.max_response_length)
+    mean = float(prompts.mean() + responses.mean())
+    samples = max(1, min(round(tokens / mean), tokens // 2))
+    sizes = [tokens // samples + (1 if i < tokens % samples else 0) for i in range(samples)]
+    share = config.max_prompt_length / config.sequence_length
+    prompt_sizes = [min(config.max_prompt_length, max(1, round(size * share))) for size in sizes]
+    response_sizes = [
+        min(config.max_response_length, size - p) for size, p in zip(sizes, prompt_sizes, strict=True)
+    ]
+    return Rollout(
+        [torch.zeros(p, dtype=torch.long) for p in prompt_sizes],
+        [torch.zeros(max(1, r), dtype=torch.long) for r in response_sizes],
+        config.max_response_length,
+    )
+
+
+def _batch_of(config: ProbeConfig, micro: Any) -> dict[str, Any]:
+    """The rollout buffer's keys `ppo.score`, `advantages` and `update` read, for one micro batch (zeros: a
+    fake tensor's values are never read)."""
+    from autotune.probe.rank.ppo import PackedLayout
+
+    responses, mask = micro.padded_responses(HOST)
+    keys = ["old_log_probs", "advantages"]
     keys += ["ref_log_probs"] if config.use_kl else []
     keys += ["values", "returns"] if config.algorithm == "ppo" else []
+    samples = len(micro)
     return {
-        "input_ids": ids,
-        "attention_mask": torch.ones_like(ids),
-        "responses": ids[:, config.max_prompt_length :],
+        "layout": PackedLayout(micro),
+        "responses": responses,
+        "response_mask": mask,
         "scores": torch.zeros(samples),
-        **{key: torch.zeros(samples, length) for key in keys},
+        **{key: torch.zeros(samples, config.max_response_length) for key in keys},
     }
+
+
+def _rollout_buffer(config: ProbeConfig, world_size: int) -> list[torch.Tensor]:
+    """The rank's per-token rollout buffer, as the probe keeps it through the iteration: the response ids,
+    mask, old log-probs, entropy and advantages, the reference's log-probs with KL, values and returns for
+    PPO."""
+    samples, length = config.train_batch_size // world_size, config.max_response_length
+    kinds = 5 + config.use_kl + 2 * (config.algorithm == "ppo")
+    return [torch.zeros(samples, length, dtype=torch.long)] + [torch.zeros(samples, length)] * (kinds - 1)
+
+
+@contextlib.contextmanager
+def _attention_without_packing_masks() -> Iterator[None]:
+    """Hugging Face finds packed sequences by reading the position ids' values (a fake tensor has none) and
+    then builds a block-diagonal mask of tokens² bytes; a GPU run of verl attends within each sequence with
+    flash-attn's varlen kernels, which hold no mask. The trace attends over the packed row as one causal
+    sequence: the same bytes as the varlen kernels (none in scores), other numbers (which it never reads)."""
+    from unittest import mock
+
+    import transformers.masking_utils as masking
+
+    with mock.patch.object(masking, "find_packed_sequence_indices", lambda *_, **__: None):
+        yield
 
 
 @contextlib.contextmanager
@@ -301,12 +349,22 @@ def _traced_passes(passes: Iterator[tuple], resident: dict[str, int]) -> list[Ph
     return peaks
 
 
-def _one_step(config: ProbeConfig, world_size: int) -> ProbeConfig:
-    """One micro-batch and one optimizer step: with accumulation, every micro-batch after the first starts
-    with the gradients the first left, so one micro-batch run with them in place (`_gradients_kept`) holds
-    what each later one does; without it, the step's zero_grad frees them first, as in the probe."""
-    mini = config.micro_batch_size * world_size
-    return dataclasses.replace(config, train_batch_size=mini, gradient_accumulation_steps=1)
+def _one_step(config: ProbeConfig, samples: int, world_size: int) -> ProbeConfig:
+    """One fixed micro batch of `samples` and one optimizer step: with accumulation, every micro-batch after
+    the first starts with the gradients the first left, so one micro-batch run with them in place
+    (`_gradients_kept`) holds what each later one does; without it, the step's zero_grad frees them first, as
+    in the probe."""
+    return dataclasses.replace(
+        config,
+        train_batch_size=samples * world_size,
+        micro_batch_size=samples,
+        gradient_accumulation_steps=1,
+        log_prob_micro_batch_size=None,
+        use_dynamic_bsz=False,
+        ppo_max_token_len_per_gpu=None,
+        log_prob_max_token_len_per_gpu=None,
+        critic_max_token_len_per_gpu=None,
+    )
 
 
 @contextlib.contextmanager
@@ -321,56 +379,68 @@ def _gradients_kept(optimizer: torch.optim.Optimizer, accumulating: bool) -> Ite
         yield
 
 
-def _passes(models: Any, ctx: Any, batch: dict, config: ProbeConfig, world_size: int):
-    """(name, model, optimizer, run) of each training pass the probe makes, in its order."""
+def _passes(models: Any, ctx: Any, config: ProbeConfig, world_size: int, lengths: Any):
+    """(name, model, optimizer, run) of each training pass the probe makes, in its order, each on its largest
+    micro batch (autotune.config.lengths.pass_tokens): verl's packed passes."""
+    from autotune.config.lengths import micro_batch_tokens, pass_tokens
     from autotune.probe.rank import ppo
 
-    micro = config.forward_micro_batch_size
-    scoring = {k: v[:micro] for k, v in batch.items()}
+    tokens = pass_tokens(config, lengths, world_size)
     actor = ppo.unwrap(models.actor)
+    forward = _batch_of(config, _micro_batch(config, tokens.forward, lengths))
+    everyone = list(range(len(forward["layout"].rollout)))
 
-    def log_probs(model: torch.nn.Module) -> Callable[[], Any]:
-        return lambda: ppo._forward_in_micro_batches(
-            lambda i, m, r: ppo.response_log_probs(model, ctx, i, m, r), scoring, micro
-        )
+    def log_probs(model: torch.nn.Module, entropy: bool) -> Callable[[], Any]:
+        return lambda: forward["layout"].log_probs(model, ctx, everyone, entropy)
 
     def without_adapters() -> Any:
         peft_model: Any = actor  # peft's wrapper (untyped): disable_adapter is peft's
         with peft_model.disable_adapter():
-            return log_probs(actor)()
+            return log_probs(actor, False)()
 
-    def trained(model: torch.nn.Module, optimizer: Any, loss: Callable) -> Callable[[], Any]:
-        # one micro-batch (`_one_step`): one forward per tracker, as FSDPMemTracker requires
-        step = dataclasses.replace(ctx, config=_one_step(config, world_size))
+    def trained(
+        model: torch.nn.Module, optimizer: Any, loss: Callable, micro_tokens: int
+    ) -> Callable[[], Any]:
+        batch = _batch_of(config, _micro_batch(config, micro_tokens, lengths))
+        step = dataclasses.replace(ctx, config=_one_step(config, len(batch["layout"].rollout), world_size))
         generator = torch.Generator().manual_seed(0)
-        accumulating = config.gradient_accumulation_steps > 1
+        mini = config.micro_batch_size * config.gradient_accumulation_steps
+        accumulating = micro_tokens < micro_batch_tokens(config, lengths, mini)  # more micro batches follow
 
         def run() -> None:
-            with _gradients_kept(optimizer, accumulating):
+            with _gradients_kept(optimizer, accumulating), torch.enable_grad():
                 ppo._train(model, optimizer, loss, step, batch, generator)
 
         return run
 
-    yield "log-prob", actor, None, log_probs(actor)
+    yield "log-prob", actor, None, lambda: torch.no_grad()(log_probs(actor, True))()
     if config.use_kl and models.ref is None:
-        yield "reference", actor, None, without_adapters
+        yield "reference", actor, None, lambda: torch.no_grad()(without_adapters)()
     elif config.use_kl:
-        yield "reference", models.ref, None, log_probs(models.ref)
+        yield "reference", models.ref, None, lambda: torch.no_grad()(log_probs(models.ref, False))()
     if models.critic is not None:
         critic = ppo.unwrap(models.critic)
-        values = lambda: ppo._forward_in_micro_batches(  # noqa: E731
-            lambda i, m, r: ppo.response_values(critic, ctx, i, m, r.shape[1]), scoring, micro
+        critic_forward = _batch_of(config, _micro_batch(config, tokens.critic_forward, lengths))
+        values = lambda: critic_forward["layout"].values(  # noqa: E731
+            critic, ctx, list(range(len(critic_forward["layout"].rollout)))
         )
-        yield "values", critic, None, values
+        yield "values", critic, None, lambda: torch.no_grad()(values)()
     if models.reward is not None:
-        share = {k: v[: config.rollout_batch_size // world_size] for k, v in batch.items()}
-        yield "reward", models.reward, None, lambda: ppo.reward_scores(models, ctx, share)
+        share = _batch_of(config, _micro_batch(config, tokens.forward, lengths))
+        rows = len(share["layout"].rollout)
+        scored = dataclasses.replace(
+            ctx,
+            config=dataclasses.replace(
+                config, rollout_batch_size=rows * world_size, train_batch_size=rows * world_size
+            ),
+        )
+        yield "reward", models.reward, None, lambda: ppo.reward_scores(models, scored, share)
     if models.critic is not None:
         critic_loss = lambda cx, b, i: ppo._critic_loss(models, cx, b, i)  # noqa: E731
-        update = trained(models.critic, models.critic_optimizer, critic_loss)
+        update = trained(models.critic, models.critic_optimizer, critic_loss, tokens.critic_update)
         yield "critic update", models.critic, models.critic_optimizer, update
     actor_loss = lambda cx, b, i: ppo._actor_loss(models, cx, b, i)  # noqa: E731
-    update = trained(models.actor, models.actor_optimizer, actor_loss)
+    update = trained(models.actor, models.actor_optimizer, actor_loss, tokens.update)
     yield "actor update", models.actor, models.actor_optimizer, update
 
 
@@ -383,6 +453,7 @@ def trace_memory(
     config: ProbeConfig,
     world_size: int = 1,
     layout: str = "cuda",
+    lengths: JobLengths | None = None,
 ) -> MemoryTrace:
     """Trace the probe's scoring and update passes of `config` on one rank of `world_size`.
 
@@ -396,14 +467,18 @@ def trace_memory(
     from autotune.probe.rank.sharding import device_mesh
 
     _refuse(config, layout)
-    config = config.with_fixed_micro_batches(world_size)
+    lengths = lengths or JobLengths()
     started = time.perf_counter()
     notes = [NOT_TRACED]
     with fake_world(world_size), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch and transformers warn about fake tensors' data pointers
         if config.sharded:
             device_mesh(HOST.type, world_size)  # a mesh reads real rank tensors: made before the fake mode
-        with FakeTensorMode(allow_non_fake_inputs=True), _conversions_that_rebind():
+        with (
+            FakeTensorMode(allow_non_fake_inputs=True),
+            _conversions_that_rebind(),
+            _attention_without_packing_masks(),
+        ):
             try:
                 models = build_models(
                     actor_spec,
@@ -414,11 +489,12 @@ def trace_memory(
                     precision=layout == "cuda",
                 )
                 _warm_up(models, layout)
-                batch = _rollout_batch(config, world_size)
-                resident = _resident(models, batch, layout, config.sharded)
+                resident = _resident(models, _rollout_buffer(config, world_size), layout, config.sharded)
                 compute = torch.bfloat16 if layout == "cuda" else None
-                ctx = ppo.StepContext(config, HOST, world_size, pad_token_id=0, compute_dtype=compute)
-                phases = _traced_passes(_passes(models, ctx, batch, config, world_size), resident)
+                ctx = ppo.StepContext(
+                    config, HOST, world_size, pad_token_id=0, compute_dtype=compute, lengths=lengths
+                )
+                phases = _traced_passes(_passes(models, ctx, config, world_size, lengths), resident)
             except TraceUnavailable:
                 raise
             except Exception as error:  # an architecture or op the fake mode cannot run
@@ -453,7 +529,8 @@ def main(argv: list[str] | None = None) -> int:
         spec = resolve_model(job["model"], trust_remote_code=trusted)
         reward = resolve_model(job["reward"], trust_remote_code=trusted) if job.get("reward") else None
         config = ProbeConfig(**job["config"])
-        trace = trace_memory(spec, reward, config, int(job["world_size"]), job["layout"])
+        lengths = JobLengths.from_dict(job.get("lengths"))
+        trace = trace_memory(spec, reward, config, int(job["world_size"]), job["layout"], lengths)
     except TraceUnavailable as error:
         print(json.dumps({"failed": str(error)}))
         return 0
