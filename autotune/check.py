@@ -58,6 +58,7 @@ from autotune.memory.verdict import (
 )
 from autotune.models.names import registry_name
 from autotune.probe.traced import TracedCheck
+from autotune.probe.verl.run_log import job_lengths
 from autotune.units import GIB, divisors
 
 if TYPE_CHECKING:
@@ -88,6 +89,7 @@ class CheckOptions:
     cores: int | None = None
     prompt_key: str | None = None
     response_key: str | None = None
+    verl_log: Path | None = None  # a previous verl run's log: its response lengths (and prompts without data)
     trace: bool = False  # also trace the training passes under FakeTensorMode (autotune.probe.rank.trace)
 
 
@@ -196,8 +198,9 @@ def reward_findings(target: Target) -> list[Finding]:
     ]
 
 
-def length_findings(c: ProbeConfig, report: LengthReport) -> list[Finding]:
-    """Limits below the data's suggestion truncate; above 2× it they reserve memory nothing uses."""
+def length_findings(c: ProbeConfig, report: LengthReport, packed: bool = True) -> list[Finding]:
+    """Limits below the data's suggestion truncate; above 2× it they reserve memory nothing uses, where the
+    trainer pads to them (TRL); verl packs the tokens the samples have, so a larger limit costs it nothing."""
     from autotune.data.lengths import truncated_share
 
     pairs = [
@@ -225,7 +228,7 @@ def length_findings(c: ProbeConfig, report: LengthReport) -> list[Finding]:
                     f"{key}: {suggested}",
                 )
             )
-        elif value > LENGTH_WASTE * suggested:
+        elif value > LENGTH_WASTE * suggested and not packed:
             found.append(
                 Finding(
                     "lengths",
@@ -311,11 +314,14 @@ def _model_checks(
     name = options.model or registry_name(target.model)
     findings: list[Finding] = []
     report = None
+    passes = "trl" if target.kind == TRL_KIND else "verl"
     if options.data is not None:
         from autotune.data.lengths import measure_lengths
 
         report = measure_lengths(options.data, name or "tiny-llama", options.prompt_key, options.response_key)
-        findings += length_findings(config, report)
+        findings += length_findings(config, report, packed=passes == "verl")
+    lengths, said = job_lengths(report, options.verl_log)  # the verdict's: the data's, a verl log's
+    findings += [Finding("lengths", line, severity="note") for line in said]
     if name is None:
         shown = target.model or "(none)"
         note = (
@@ -334,7 +340,7 @@ def _model_checks(
         findings.append(Finding("memory", note, severity="note"))
     reward_spec = resolve_model(reward) if reward else None
     arch = Architecture.from_specs(spec, reward_spec)
-    memory_found, memory = memory_findings(arch, target, config, gpus, card, report)
+    memory_found, memory = memory_findings(arch, target, config, gpus, card, report, lengths, passes)
     traced = None
     if options.trace:  # the layout of the device the verdict is about
         from autotune.probe.traced import traced_check

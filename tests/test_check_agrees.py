@@ -199,10 +199,9 @@ def test_the_article_yaml_and_an_override_file_read_one_layout(scenario, tmp_pat
         options = {"gpus": gpus, "gpu": gpu, "cores": 64}
         yaml_phases = check(CheckOptions(path=path, **options)).memory["phases_gib"]
         verl_phases = check(CheckOptions(path=override, **options)).memory["phases_gib"]
-        # verl generates in vLLM's pool (judged by the rollout share), not in the probe's generate phase;
-        # the training phases are the same
-        assert "rollout" in yaml_phases and "rollout" not in verl_phases
-        assert verl_phases == {k: v for k, v in yaml_phases.items() if k != "rollout"}
+        # both are verl jobs: its rollout is vLLM's pool (judged by the rollout share), and the training
+        # phases are the same
+        assert verl_phases == yaml_phases and "rollout" not in verl_phases
 
 
 def test_sharding_is_proposed_first_when_it_suffices():

@@ -36,6 +36,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--prompt-key", help="prompt column of --data")
     parser.add_argument("--response-key", help="response column of --data")
     parser.add_argument(
+        "--verl-log",
+        type=Path,
+        metavar="FILE",
+        help="a previous verl run's log (its file logger's JSON lines, or its console output): the memory "
+        "verdict takes that run's response lengths, and its prompts' without --data",
+    )
+    parser.add_argument(
         "--trace",
         action="store_true",
         help="also trace the training passes of the real model under FakeTensorMode (no GPU, no weights; "

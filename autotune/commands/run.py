@@ -104,6 +104,13 @@ def _add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-key", help="prompt column of --data")
     parser.add_argument("--response-key", help="response column of --data")
     parser.add_argument(
+        "--verl-log",
+        type=Path,
+        metavar="FILE",
+        help="a previous verl run's log (file logger JSON lines or console output): the probes take its "
+        "response lengths (and its prompts' without --data), and the report its generation share of a step",
+    )
+    parser.add_argument(
         "--time-budget",
         metavar="DURATION",
         help="launch no new probe after this long, e.g. 8h or 90m (overnight sweeps)",

@@ -42,7 +42,9 @@ __all__ = [
     "remeasured_line",
     "remeasured_table",
     "seconds",
+    "step_gain",
     "study_lines",
+    "transfer_line",
     "trials_table",
     "verdict_line",
     "verl_lines",
@@ -403,7 +405,38 @@ def gain_lines(report: ReportData) -> list[str]:
                 "part of it"
             )
             lines.append(f"{g.ratio:.2f}x the samples/s of the hand-made config '{g.name}' ({basis}{busy}).")
-    return lines
+    transfer = transfer_line(report)
+    return lines + ([transfer] if transfer and lines else [])
+
+
+EXAMPLE_GENERATION_SHARE = 0.5  # an example share of generation in a verl step, when no log says it
+
+
+def step_gain(gain: float, generation_share: float) -> float:
+    """A gain in the training phases as a gain per step, where generation (not sped up) takes `share` of the
+    time (Amdahl): 1 / (f + (1 - f) / gain)."""
+    return 1.0 / (generation_share + (1.0 - generation_share) / gain)
+
+
+def transfer_line(report: ReportData) -> str | None:
+    """What the gain in the phases verl shares with the probe makes of a verl step (verl's passes only: the
+    probe's rollout is synthetic, vLLM generates in the real job)."""
+    if report.plan.settings.get("passes") != "verl":
+        return None
+    found = [g.verl.ratio if g.verl is not None else g.ratio for g in report.gains]
+    ratios = [r for r in found if r is not None and r > 0]
+    if not ratios:
+        return None
+    share = report.plan.generation_share
+    known = share is not None
+    f = share if share is not None else EXAMPLE_GENERATION_SHARE
+    whose = "as the verl log says" if known else "an example; `run --verl-log FILE` takes your run's"
+    return (
+        f"These samples/s are verl's training phases (old and reference log-probs, values, updates): the "
+        f"probe's rollout is synthetic, and verl generates in vLLM. Where generation takes {f:.0%} of a verl "
+        f"step ({whose}), {ratios[0]:.2f}x here is {step_gain(ratios[0], f):.2f}x per step "
+        f"(1 / (f + (1 - f) / gain))."
+    )
 
 
 def _back_to_back_line(g: Gain, busy: str, trainer: str = "verl") -> str:

@@ -85,6 +85,7 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
             "target": options.target,
             "model_parameters": job.memory_model.arch.actor_parameters,
             "attention_heads": job.memory_model.arch.heads,
+            "generation_share": job.generation_share,
         }
         plan = StudyPlan.of(space, settings, job.budget, options.trials, job.identity, **export)
         plan.save(study)

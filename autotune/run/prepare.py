@@ -46,6 +46,7 @@ __all__ = [
     "length_knob_at_least",
     "machine_identity",
     "parse_duration",
+    "passes_for",
     "prepare",
     "probe_settings",
     "resolve_budget_gib",
@@ -94,6 +95,7 @@ class RunOptions:
     data: Path | None = None
     prompt_key: str | None = None
     response_key: str | None = None
+    verl_log: Path | None = None  # a previous verl run's log: its response lengths and generation share
     rollout_engine: str = "vllm"
     train_batch_size: int | None = None  # fixes the recipe's T (overrides the space's value or range)
     mini_batch_size: int | None = None  # fixes the recipe's M, samples per optimizer step
@@ -111,6 +113,11 @@ def default_study_name(space_name: str, model: str, gpus: int, fingerprint: str)
     """<space>-<model>-<W>gpu-<fingerprint of the study's identity>: another job gets another study."""
     raw = f"{space_name}-{Path(model).name or model}-{gpus}gpu"
     return f"{re.sub(r'[^A-Za-z0-9._-]+', '-', raw).strip('-.')[:80]}-{fingerprint}"
+
+
+def passes_for(target: str) -> str:
+    """Whose training passes the built-in probe runs: TRL's for a TRL export, else verl's."""
+    return "trl" if target == "trl" else "verl"
 
 
 def probe_settings(space, options: RunOptions, device: str) -> ProbeSettings:
@@ -194,6 +201,7 @@ class Prepared:
     memory_model: MemoryModel
     lengths: Any  # the data's LengthReport (`--data`), or None
     identity: dict[str, Any]  # what the study measures (see the module docstring)
+    generation_share: float | None = None  # generation's share of a verl step (--verl-log), for the report
 
     @property
     def fingerprint(self) -> str:
@@ -225,7 +233,17 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
     budget_gib = resolve_budget_gib(space, options, device)
     budget = Budget(int(budget_gib * GIB), space.headroom)
     card = rollout_card_bytes(options.engine, device, budget)
-    model = MemoryModel(Architecture.from_specs(actor, reward), space.gpus, device, rollout_card_bytes=card)
+    from autotune.probe.verl.run_log import job_lengths, read_run_log
+
+    token_lengths, notes = job_lengths(lengths, options.verl_log)
+    for note in notes:
+        console.print(f"--verl-log: {note}", markup=False, highlight=False, soft_wrap=True)
+    run_log = read_run_log(options.verl_log) if options.verl_log is not None else None
+    passes = passes_for(options.target)
+    arch = Architecture.from_specs(actor, reward)
+    model = MemoryModel(
+        arch, space.gpus, device, rollout_card_bytes=card, lengths=token_lengths, passes=passes
+    )
     longest = ProbeConfig(
         **space.fixed_fields,
         max_prompt_length=max(space.knob("max_prompt_length").values()),
@@ -233,9 +251,15 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
     )
     raise_for(position_findings(longest, actor))
     check_floor(space, model, budget, budget_gib)
-    settings = dataclasses.replace(probe_settings(space, options, device), memory_budget_gib=budget_gib)
+    settings = dataclasses.replace(
+        probe_settings(space, options, device),
+        memory_budget_gib=budget_gib,
+        passes=passes,
+        lengths=token_lengths.to_dict() if token_lengths.on_data else None,
+    )
     identity = study_identity(actor, reward, settings, device_label(device), budget, lengths, space.recipe())
-    return Prepared(space, settings, budget, model, lengths, identity)
+    share = run_log.generation_share if run_log is not None else None
+    return Prepared(space, settings, budget, model, lengths, identity, share)
 
 
 def resolve_space(options: RunOptions, console: Console) -> tuple[SearchSpace, Any]:
@@ -395,15 +419,15 @@ def tensor_parallel_for_heads(space: SearchSpace, actor: Any, console: Console) 
 
 
 def check_engine_knobs(space: SearchSpace, engine: str) -> None:
-    """Refuse, in one line, verl's own knobs under the built-in probe: it generates with Hugging Face
-    generate on the training weights, so a vLLM share, a tensor-parallel rollout or a dynamic batch would be
-    searched without being measured (fixing them silently would hand back a config nobody probed)."""
-    named = space.verl_knobs
+    """Refuse, in one line, vLLM's knobs under the built-in probe: it has no vLLM, so a share, a
+    tensor-parallel rollout or max_num_seqs would be searched without being measured (fixing them silently
+    would hand back a config nobody probed). Dynamic batch size and its budgets it measures as verl packs."""
+    named = space.vllm_knobs
     if engine != "verl" and named:
         raise UserError(
-            f"{space.source}: knobs {', '.join(named)} are verl's own, measured only with --engine verl "
-            f"(the built-in probe has no vLLM pool, tensor-parallel rollout or dynamic batching): run with "
-            f"--engine verl --verl-python PATH, or leave them out"
+            f"{space.source}: knobs {', '.join(named)} are vLLM's, measured only with --engine verl (the "
+            f"built-in probe has no vLLM pool or tensor-parallel rollout): run with --engine verl "
+            f"--verl-python PATH, or leave them out"
         )
 
 
@@ -499,15 +523,20 @@ def study_identity(
     recipe: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What a study's measurements depend on, beyond the configurations themselves (the recipe too: trials
-    of another T or mini batch train another algorithm, and must not be mixed into the selection)."""
+    of another T or mini batch train another algorithm, and must not be mixed into the selection; and whose
+    passes the probe runs on which lengths: a probe of verl's packed passes measures another job than one of
+    padded rows)."""
     prompts = None
     if lengths is not None and lengths.prompt_texts:
         prompts = _digest(json.dumps(lengths.prompt_texts[:PROMPTS_LIMIT]))
+    responses = (settings.lengths or {}).get("responses")
     return {
         **machine_identity(actor, reward, device, settings.world_size),
         "budget_bytes": budget.bytes,
         "iterations": f"{settings.warmup_iterations} warm-up + {settings.iterations} measured",
         "prompts": prompts or "synthetic",
+        "passes": settings.passes,
+        "responses": _digest(json.dumps(responses)) if responses else "at the limit",
         **({"engine": settings.engine} if settings.engine != "builtin" else {}),  # older studies: builtin
         **({"recipe": recipe} if recipe is not None else {}),
     }

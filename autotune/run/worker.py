@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from autotune.config.lengths import JobLengths
 from autotune.errors import UserError
 from autotune.probe.contract import ProbeSettings
 from autotune.study.plan import StudyPlan, check_same_job
@@ -120,7 +121,14 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
             f"measures against the study's own; start the study with `autotune run` first"
         )
     card = rollout_card_bytes(settings.engine, device, budget)
-    model = MemoryModel(Architecture.from_specs(actor, reward), space.gpus, device, rollout_card_bytes=card)
+    model = MemoryModel(
+        Architecture.from_specs(actor, reward),
+        space.gpus,
+        device,
+        rollout_card_bytes=card,
+        lengths=JobLengths.from_dict(settings.lengths),
+        passes=settings.passes,
+    )
     slots = plan_slots(options.parallel, space.gpus, device)
     trials = options.trials or int(plan.trials or 0)
     pending = options.out / options.study / PENDING_FILE

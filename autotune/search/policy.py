@@ -19,8 +19,9 @@ from typing import Any
 from optuna.trial import FrozenTrial
 
 from autotune.config.knobs import ProbeConfig, job_of, same_job
+from autotune.config.lengths import PassTokens
 from autotune.memory.budget import Budget
-from autotune.memory.model import MemoryModel
+from autotune.memory.model import PRIORS, MemoryModel
 from autotune.space.model import at_least_as_large
 from autotune.status import MEASURED, Attr, Status
 from autotune.study.outcome import Outcome
@@ -98,13 +99,21 @@ def calibrated(prior: MemoryModel, trials: Sequence[FrozenTrial]) -> tuple[Memor
     """The memory model refitted from the priors on every ok probe among `trials`, and how many there were.
     Under --engine verl it stays at its priors: a verl probe's peak is the GPUs' (NVML), vLLM's pool and
     processes included, not the training side the model predicts."""
-    fresh = MemoryModel(
-        prior.arch, prior.world_size, prior.device, rollout_card_bytes=prior.rollout_card_bytes
-    )
+    fresh = prior.with_calibration(*PRIORS[prior.device])
     if prior.rollout_card_bytes is not None:
         return fresh, 0
-    points = [(trial_config_of(t), t.user_attrs[Attr.PEAK_BYTES]) for t in trials if measured_ok(t)]
+    points = [_point(t) for t in trials if measured_ok(t)]
     return fresh.calibrate(points), len(points)
+
+
+def _point(trial: FrozenTrial) -> tuple[Any, ...]:
+    """(config, peak, the tokens its probe packed): a probe is priced on what it held (verl's passes)."""
+    result = trial.user_attrs.get(Attr.RESULT) or {}
+    return (
+        trial_config_of(trial),
+        trial.user_attrs[Attr.PEAK_BYTES],
+        PassTokens.from_packing(result.get("packing")),
+    )
 
 
 def _measured_ooms(

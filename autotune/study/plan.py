@@ -57,6 +57,9 @@ class StudyPlan:
     attention_heads: int | None = None  # the actor's: the tensor parallel size must divide them (vLLM)
     recipe: dict[str, Any] = field(default_factory=dict)  # what the study trains (SearchSpace.recipe)
     tune: list[str] = field(default_factory=list)  # recipe knobs it searches; empty for older studies too
+    # generation's share of a verl step, from a verl log (`run --verl-log`): what a gain in the training
+    # phases the probe measures makes of a whole step; None: not known (the report gives an example)
+    generation_share: float | None = None
 
     @classmethod
     def of(
