@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import optuna
 import pytest
@@ -16,7 +18,7 @@ from autotune.report.selection import best_feasible
 from autotune.run.tuner import Tuner
 from autotune.space.model import load_space
 from autotune.study.coordination import recover_stale_trials
-from autotune.study.storage import redact
+from autotune.study.storage import make_storage, redact
 from autotune.study.trials import enqueue_seed_configs, finished_trials, open_study, status_counts
 from autotune.units import GIB
 
@@ -150,6 +152,20 @@ def test_study_with_other_directions_is_refused(tmp_path):
 def test_unopenable_storage_is_a_user_error():
     with pytest.raises(UserError, match="--storage"):
         open_study("nosuchdb://user:secret@host/db", "s", 0)
+
+
+def test_processes_opening_a_new_database_at_once_all_open_it(tmp_path):
+    """The race behind a flaky resume test: a new database's tables are created by whoever opens it first;
+    the others lost "table already exists" and the tuner died. Eight at once, every one opens it."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    start = threading.Barrier(8)
+
+    def open_it(_: int) -> str:
+        start.wait()
+        return type(make_storage(url)).__name__
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(open_it, range(8))) == ["RDBStorage"] * 8
 
 
 def test_password_is_redacted():

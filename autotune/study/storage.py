@@ -190,15 +190,38 @@ def make_storage(
             raise UserError(f"--storage {url}: folder {path.parent} does not exist; create it first")
         check_journal(path)
         return JournalStorage(SafeJournalFileBackend(str(path)))
-    with warnings.catch_warnings():  # "experimental" in Optuna; they are how dead workers are found
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(
-            url,
-            heartbeat_interval=heartbeat_seconds,
-            grace_period=grace_seconds,
-            heartbeat_stale_trial_callback=on_stale,
-            engine_kwargs=_engine_options(url),
-        )
+    for attempt in range(SETUP_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():  # "experimental" in Optuna; they are how dead workers are found
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url,
+                    heartbeat_interval=heartbeat_seconds,
+                    grace_period=grace_seconds,
+                    heartbeat_stale_trial_callback=on_stale,
+                    engine_kwargs=_engine_options(url),
+                )
+        except Exception as exc:
+            if not _lost_setup_race(exc) or attempt == SETUP_ATTEMPTS - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+# Opening a new database creates Optuna's tables and its one version row. Two processes opening it at once
+# (two workers, or `report` while `run` starts) race between "does it exist" and "create": the loser gets
+# "table ... already exists" or a duplicate version row. Opened again, it finds the tables and goes on.
+SETUP_ATTEMPTS = 16
+
+
+def _lost_setup_race(exc: BaseException) -> bool:
+    import sqlalchemy.exc
+
+    if isinstance(exc, sqlalchemy.exc.IntegrityError):
+        return True
+    return isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.ProgrammingError) and (
+        "already exists" in str(exc)
+    )
 
 
 def _engine_options(url: str) -> dict:
