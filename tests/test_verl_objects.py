@@ -83,6 +83,13 @@ VARIANTS = [
     ("max_num_seqs", SEQS, {"max_num_seqs": 64}),
     ("use_dynamic_bsz", PPO, {"use_dynamic_bsz": True}),
     ("ppo_max_token_len_per_gpu", DYNAMIC, {"ppo_max_token_len_per_gpu": 1024}),
+    ("log_prob_max_token_len_per_gpu", DYNAMIC, {"log_prob_max_token_len_per_gpu": 2048}),
+    (
+        "log_prob_max_token_len_per_gpu",
+        dataclasses.replace(DYNAMIC, use_lora=True, lora_r=8, lora_alpha=16),
+        {"log_prob_max_token_len_per_gpu": 2048},
+    ),
+    ("critic_max_token_len_per_gpu", DYNAMIC, {"critic_max_token_len_per_gpu": 2048}),
 ]
 # Keys no knob moves: each swapped for another value verl accepts, in the export of the configuration given.
 AR = "actor_rollout_ref"

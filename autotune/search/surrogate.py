@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from autotune.config.knobs import ProbeConfig
+from autotune.config.knobs import BUDGET_KNOBS, ProbeConfig
 
 __all__ = ["PHASE_KNOBS", "Observation", "SpeedModel", "knob_values"]
 
@@ -34,8 +34,19 @@ PHASE_KNOBS = {  # with verl's own knobs (--engine verl): vLLM's in the rollout,
         "tensor_model_parallel_size",
         "max_num_seqs",
     ),
-    "scoring": ("log_prob_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu"),
-    "update": ("micro_batch_size", "gradient_checkpointing", "use_dynamic_bsz", "ppo_max_token_len_per_gpu"),
+    "scoring": (
+        "log_prob_micro_batch_size",
+        "use_dynamic_bsz",
+        "log_prob_max_token_len_per_gpu",
+        "critic_max_token_len_per_gpu",
+    ),
+    "update": (
+        "micro_batch_size",
+        "gradient_checkpointing",
+        "use_dynamic_bsz",
+        "ppo_max_token_len_per_gpu",
+        "critic_max_token_len_per_gpu",
+    ),
 }
 EVERY_PHASE = (
     "sharding",
@@ -51,7 +62,7 @@ BATCHES = ("rollout_batch_size", "log_prob_micro_batch_size", "micro_batch_size"
 # prior means of the coefficients (log-seconds per unit of feature): per doubling of the phase's own batch
 # the phase gets faster (fewer, fuller calls); checkpointing, sharding and offload cost time; a recipe knob
 # that grows the work grows the time
-PRIOR_SLOPE = {name: -0.3 for name in BATCHES} | {
+PRIOR_SLOPE = {name: -0.3 for name in (*BATCHES, *BUDGET_KNOBS)} | {
     "train_batch_size": 0.7,
     "mini_batch_size": 0.0,
     "max_prompt_length": 0.3,
@@ -76,11 +87,22 @@ def knob_values(config: ProbeConfig, gpus: int) -> dict[str, Any]:
     values["num_rollout_workers"] = config.num_rollout_workers
     values["gradient_checkpointing"] = config.gradient_checkpointing
     # verl's knobs: a feature only where the candidates differ (a rule's None never varies with a value);
-    # the budget as the tokens a micro-batch holds either way
+    # each budget as the tokens its pass's micro-batch may hold (an unset one follows the actor's)
     for name in ("gpu_memory_utilization", "tensor_model_parallel_size", "max_num_seqs", "use_dynamic_bsz"):
         values[name] = getattr(config, name)
-    values["ppo_max_token_len_per_gpu"] = config.token_budget
+    for name, budget in zip(BUDGET_KNOBS, _pass_budgets(config), strict=True):
+        values[name] = budget
     return values
+
+
+def _pass_budgets(config: ProbeConfig) -> tuple[int, int, int]:
+    """The tokens a micro-batch of each pass (update, forward, critic) may hold: the budgets under dynamic
+    batch size, else the micro batches at full length; one scale for both modes."""
+    if config.use_dynamic_bsz:
+        return config.token_budgets
+    length = config.sequence_length
+    update = config.micro_batch_size * length
+    return update, config.forward_micro_batch_size * length, update
 
 
 @dataclass(frozen=True)
