@@ -58,6 +58,8 @@ __all__ = [
     "AR",
     "VerlOverrides",
     "format_overrides",
+    "need_critic",
+    "need_reference",
     "override_lines",
     "parse_overrides",
     "read_overrides",
@@ -219,11 +221,11 @@ def _config(get: Any, values: Mapping[str, Any], gpus: int) -> ProbeConfig | Non
     length = _int_or(get("data.max_prompt_length"), 512) + _int_or(get("data.max_response_length"), 512)
     dynamic = get(f"{AR}.actor.use_dynamic_bsz") is True
     budget = _int_or(get(f"{AR}.actor.ppo_max_token_len_per_gpu"), None) if dynamic else None
-    micro = _micro(get, max(1, mini * n // gpus), budget, length)
+    micro = _micro(get, max(1, mini * n // gpus), budget, length, gpus)
     if micro is None:
         return None
     lora = get(f"{AR}.model.lora_rank")
-    forward = _int_or(get(f"{AR}.rollout.log_prob_micro_batch_size_per_gpu"), None)
+    forward = _int_or(_per_gpu(get, f"{AR}.rollout.log_prob_micro_batch_size_per_gpu", gpus), None)
     return ProbeConfig(
         rollout_batch_size=batch * n,
         train_batch_size=batch * n,
@@ -234,7 +236,8 @@ def _config(get: Any, values: Mapping[str, Any], gpus: int) -> ProbeConfig | Non
         max_response_length=_int_or(get("data.max_response_length"), 512),
         log_prob_micro_batch_size=None if forward in (None, micro) else forward,  # None: the same as micro
         gradient_checkpointing=get(f"{AR}.model.enable_gradient_checkpointing") is not False,  # verl: on
-        algorithm="grpo" if get("algorithm.adv_estimator") == "grpo" else "ppo",
+        # the probe's PPO is GAE with a critic, its GRPO group advantages without one: verl's critic decides
+        algorithm="ppo" if need_critic(values) else "grpo",
         rollout_n=n,
         use_lora=isinstance(lora, int) and lora > 0,
         lora_r=lora if isinstance(lora, int) and lora > 0 else ProbeConfig.lora_r,
@@ -252,10 +255,18 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _micro(get: Any, per_gpu: int, budget: int | None, length: int) -> int | None:
+def _per_gpu(get: Any, key: str, gpus: int) -> Any:
+    """A per-GPU micro batch, else the deprecated global key over the GPUs: the job the file means (verl 0.9.1
+    refuses it, and `verl_rule_violations` says so, but the memory is the same)."""
+    value = get(key)
+    old = get(DEPRECATED_MICRO[key])
+    return max(1, old // gpus) if value is None and _whole(old) else value
+
+
+def _micro(get: Any, per_gpu: int, budget: int | None, length: int, gpus: int) -> int | None:
     """The actor's micro batch; under dynamic batch size, which cuts micro-batches by tokens and reads no
     micro batch (the export writes none), the largest divisor of the GPU's mini batch the budget holds."""
-    micro = get(f"{AR}.actor.ppo_micro_batch_size_per_gpu")
+    micro = _per_gpu(get, f"{AR}.actor.ppo_micro_batch_size_per_gpu", gpus)
     if budget is None or _whole(micro):
         return micro if _whole(micro) else None
     fits = max(1, budget // max(1, length))
@@ -342,13 +353,10 @@ def verl_rule_violations(overrides: Mapping[str, Any], n_gpus: int) -> list[str]
     N GPUs, B = data.train_batch_size, n = rollout.n, M = actor.ppo_mini_batch_size, m = micro per GPU.
     """
     actor, rollout, ref = f"{AR}.actor", f"{AR}.rollout", f"{AR}.ref"
-    critic_used = _get(overrides, "algorithm.adv_estimator") == "gae"
-    micro_keys = [
-        f"{actor}.ppo_micro_batch_size_per_gpu",
-        f"{rollout}.log_prob_micro_batch_size_per_gpu",
-        f"{ref}.log_prob_micro_batch_size_per_gpu",
-    ]
-    if critic_used:
+    micro_keys = [f"{actor}.ppo_micro_batch_size_per_gpu", f"{rollout}.log_prob_micro_batch_size_per_gpu"]
+    if need_reference(overrides):  # validate_config checks the reference's only when verl builds one
+        micro_keys.append(f"{ref}.log_prob_micro_batch_size_per_gpu")
+    if need_critic(overrides):
         micro_keys.append("critic.ppo_micro_batch_size_per_gpu")
     sizes = [
         "data.train_batch_size",
@@ -361,20 +369,60 @@ def verl_rule_violations(overrides: Mapping[str, Any], n_gpus: int) -> list[str]
         f"{rollout}.max_num_seqs",
         *BUDGET_KEYS,
         *micro_keys,
+        *(DEPRECATED_MICRO[key] for key in micro_keys),
     ]
     errors = _positive_ints(overrides, sizes)
     if errors:  # the divisibility rules below need positive whole numbers
         return errors
     errors += _gpu_rules(overrides, n_gpus) + _dynamic_rules(overrides)
     if not _get(overrides, f"{actor}.use_dynamic_bsz"):
-        errors += [
-            f"{key}: not set; verl requires every micro batch size unless use_dynamic_bsz is on"
-            for key in micro_keys
-            if _get(overrides, key) is None
-        ]
+        errors += [error for key in micro_keys for error in _micro_key_rules(overrides, key, n_gpus)]
     if "data.train_batch_size" in overrides:
         errors += _batch_rules(overrides, n_gpus)
     return errors
+
+
+# verl's deprecated global micro batch keys, beside the per-GPU keys that replaced them
+DEPRECATED_MICRO = {
+    f"{AR}.actor.ppo_micro_batch_size_per_gpu": f"{AR}.actor.ppo_micro_batch_size",
+    f"{AR}.rollout.log_prob_micro_batch_size_per_gpu": f"{AR}.rollout.log_prob_micro_batch_size",
+    f"{AR}.ref.log_prob_micro_batch_size_per_gpu": f"{AR}.ref.log_prob_micro_batch_size",
+    "critic.ppo_micro_batch_size_per_gpu": "critic.ppo_micro_batch_size",
+}
+
+
+def need_critic(overrides: Mapping[str, Any]) -> bool:
+    """verl builds a critic where critic.enable says so, else for GAE only (trainer/ppo/utils.py
+    need_critic)."""
+    enable = _get(overrides, "critic.enable")
+    return bool(enable) if enable is not None else _get(overrides, "algorithm.adv_estimator") == "gae"
+
+
+def need_reference(overrides: Mapping[str, Any]) -> bool:
+    """verl builds a reference policy only where KL is used, in the reward or in the loss
+    (trainer/ppo/utils.py need_reference_policy)."""
+    return bool(_get(overrides, "algorithm.use_kl_in_reward") or _get(overrides, f"{AR}.actor.use_kl_loss"))
+
+
+def _micro_key_rules(overrides: Mapping[str, Any], key: str, n_gpus: int) -> list[str]:
+    """A micro batch without dynamic batch size: the per-GPU key, or for the critic the deprecated global
+    one, but never both."""
+    old = DEPRECATED_MICRO[key]
+    per_gpu, global_ = _get(overrides, key), overrides.get(old)
+    if per_gpu is not None and global_ is not None:
+        # workers/config/actor.py ActorConfig.__post_init__, workers/config/critic.py CriticConfig
+        # _check_mutually_exclusive, utils/config.py validate_config check_mutually_exclusive
+        return [f"{key}={per_gpu} and {old}={global_}: verl refuses both; remove the deprecated {old}"]
+    if per_gpu is not None or (global_ is not None and key.startswith("critic.")):
+        return []  # verl's critic config takes either (its per-GPU default interpolates the global key)
+    if global_ is None:
+        return [f"{key}: not set; verl requires every micro batch size unless use_dynamic_bsz is on"]
+    # validate_config passes the deprecated key, but verl 0.9.1 no longer converts it: V1's worker asserts
+    # the per-GPU key (workers/engine_workers.py ActorRolloutRefWorker.init_model)
+    return [
+        f"{old}={global_}: deprecated, and verl 0.9.1's worker requires {key} instead (it no longer divides "
+        f"the global size by the GPUs): write {key}={max(1, global_ // n_gpus)}"
+    ]
 
 
 def _dynamic_rules(overrides: Mapping[str, Any]) -> list[str]:
