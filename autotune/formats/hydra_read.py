@@ -6,9 +6,10 @@
 Values are Hydra's typed values: `True`/`false` booleans, `null` None, `16_384` an int, quotes text, `[a,b]`
 lists, `${...}` an interpolation (followed by autotune.formats.verl_schema where a value is needed). Keys are
 stored as Hydra composes them into verl's struct config (verl_keys.txt): `key` and `++key` set a key verl has;
-`+key` and `++key` add one it lacks (stored as `+key`, the name the export writes); `~key` deletes (None); a
-later duplicate wins. What Hydra refuses at composition (an unknown key, `+` on an existing key, `~` of a
-missing one) is a finding; a line Hydra cannot parse, or a value of the wrong type for a key autotune reads
+`+key` and `++key` add one it lacks (stored as `+key`, the name the export writes); a later duplicate wins;
+`~key` removes the key (refused for a key autotune reads: verl's fallback without it is not modelled). What
+Hydra refuses at composition (an unknown key, `+` on an existing key, `~` of a missing one) is a finding; a
+line Hydra cannot parse, or a value of the wrong type for a key autotune reads
 (verl_schema.json), is a UserError naming the line and the value: nothing can be read from it.
 """
 
@@ -84,6 +85,13 @@ def read_lines(lines: list[Line], where: str, known: frozenset[str]) -> tuple[di
         if finding is not None:
             findings.append(finding)
         values.pop(name, None)  # a later duplicate wins, and takes the later place
+        if override.is_delete():
+            if verl_schema.kind(key):  # verl then falls back in its own code, key by key: not modelled
+                raise UserError(
+                    f"{where}:{line.number}: {single_line(line.text)!r}: autotune reads {key}, and cannot "
+                    f"tell what verl does without it; set a value instead"
+                )
+            continue
         values[name] = value
     return values, findings
 

@@ -74,13 +74,17 @@ def _commands(text: str, where: str) -> list[list[tuple[int, str]]]:
     commands: list[list[tuple[int, str]]] = []
     current: list[tuple[int, str]] = []
     for number, raw in enumerate(lines, 1):
-        continued = len(raw) - len(raw.rstrip("\\")) if raw.endswith("\\") else 0
-        if current and not raw.strip():
+        comment = raw.lstrip().startswith("#")  # a backslash in a comment continues nothing
+        continued = len(raw) - len(raw.rstrip("\\")) if raw.endswith("\\") and not comment else 0
+        if current and (comment or not raw.strip()):
             previous = current[-1][0]
             raise UserError(
                 f"{where}:{previous}: {single_line(lines[previous - 1].strip())!r} ends with a "
-                f"backslash, but line {number} is empty: the command ends there"
+                f"backslash, but line {number} is {'a comment' if comment else 'empty'}: the command "
+                f"ends there"
             )
+        if comment:
+            continue
         current.append((number, raw[:-1] if continued % 2 else raw))
         if not continued % 2:
             commands.append(current)
