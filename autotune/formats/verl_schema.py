@@ -147,7 +147,8 @@ def effective(key: str, values: Mapping[str, Any], depth: int = 0) -> Any:
 
 
 def _literal(text: str) -> Any:
-    """An interpolation's default, in Hydra's grammar."""
-    from autotune.formats.hydra_read import parse_value
+    """An interpolation's default in verl's YAML (`false`, `16384`, `null`): read as YAML, where they mean
+    what they mean to Hydra."""
+    import yaml
 
-    return parse_value(text.strip())
+    return yaml.safe_load(text.strip())
