@@ -3,7 +3,7 @@
 #   ./setup.sh        the tool (torch pinned to 2.13.0: a local CPU build where the machine carries one,
 #                     PyPI's CUDA build on GPU machines; an already installed torch is kept)
 #   ./setup.sh test   also what the tests need (then ./check.sh runs them): pytest, ruff, mypy, psycopg2,
-#                     hypothesis, hydra-core; verl 0.9.1
+#                     hypothesis; verl 0.9.1
 #                     with its dependencies in its own environment .venv-verl (never imported by autotune).
 #                     As root with apt-get: Debian's chromium for the report's browser test, and Debian's
 #                     postgresql for the PostgreSQL tests: its own cluster "autotune" on 127.0.0.1 only,
@@ -26,7 +26,7 @@ if [ "${1:-}" != "test" ]; then
   say "done: .venv/bin/autotune --help"
   exit 0
 fi
-say "installing autotune with the test tools (pytest, ruff, mypy, hypothesis, psycopg2, hydra-core, TRL) into .venv"
+say "installing autotune with the test tools (pytest, ruff, mypy, hypothesis, psycopg2, TRL) into .venv"
 "${pip[@]}" -e ".[test]"
 # verl 0.9.1 with its own dependencies, in its own environment: the tests compose autotune's exports with its
 # Hydra config and run its validate_config; autotune never imports it.

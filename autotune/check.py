@@ -11,8 +11,8 @@ article's advice: exit 0) or a note (context). The findings:
 - the configuration rules (`autotune.config.rules`), the same the study and `autotune probe` enforce; for an
   override file verl 0.9.1's own rules on its keys instead of the divisibility rules, and a warning for each
   key verl accepts but its default trainer (V1, sync) does not read (`autotune.formats.verl_table`);
-- num_rollout_workers against the physical cores of *this* machine unless `--cores` gives the training
-  machine's: a warning (the article's advice, not an invariant);
+- num_rollout_workers against the cores `--cores` gives (the training machine's): a warning (the article's
+  advice, not an invariant); without it a note, never this machine's cores (the file is for another);
 - a rollout batch so small that the GPUs may starve: the article flags a rollout batch below 64 in examples
   of 1-2 GPUs, i.e. 32 sequences per GPU; autotune asks R >= 64 and R/W >= 32. A warning, and only a note when
   the file carries the study's measurement of this config (a heuristic never overrules a measurement); not for
@@ -140,19 +140,21 @@ class CheckResult:
 
 def _rule_findings(config: ProbeConfig, gpus: int, cores: int | None, verl: bool) -> list[Finding]:
     """The configuration rules; an override file is judged by verl's own rules instead of the divisibility
-    rules (the same rules in verl's terms), and the cores by a note when they are this machine's."""
+    rules (the same rules in verl's terms). The workers are judged against the cores of the machine the file
+    is for: `--cores` says them; this machine's are not that machine's, so without it they are not judged."""
+    judged = cores if cores is not None else max(1, config.num_rollout_workers)  # nothing to exceed
     if verl:  # the sizes' bounds hold for any config; the divisibility rules are verl's own, checked apart
-        found = value_findings(config) + worker_findings(config, cores)
+        found = value_findings(config) + worker_findings(config, judged)
     else:
-        found = config_findings(config, gpus, cores)
+        found = config_findings(config, gpus, judged)
     # workers vs cores is the article's advice (more workers than cores contend), not a broken invariant
     found = [dataclasses.replace(f, severity=WARNING) if f.check == "workers" else f for f in found]
-    if cores is None and not any(f.check == "workers" for f in found):
+    if cores is None:
         found.append(
             Finding(
                 "workers",
-                f"num_rollout_workers={config.num_rollout_workers} checked against the physical cores of "
-                f"this machine; pass --cores N for the training machine",
+                f"num_rollout_workers={config.num_rollout_workers} not checked against cores: they are the "
+                f"training machine's, not this one's; pass --cores N to check them",
                 severity="note",
             )
         )

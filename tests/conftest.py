@@ -190,3 +190,31 @@ def unique_study_name(prefix: str = "test") -> str:
 def study_name(request) -> str:
     """A fresh study name per test, readable in the database: the test's name plus a random suffix."""
     return unique_study_name(request.node.name)
+
+
+# verl 0.9.1's own Hydra configuration, composed in this process by hydra-core (autotune's dependency): one
+# initialisation per session, since Hydra's global state allows one at a time.
+VERL_HOW = "./setup.sh test (installs verl 0.9.1 with its dependencies into .venv-verl)"
+
+
+def verl_config_dir() -> Path | None:
+    """verl 0.9.1's `verl/trainer/config`: $VERL_CONFIG_DIR, else setup.sh's .venv-verl."""
+    if os.environ.get("VERL_CONFIG_DIR"):
+        return Path(os.environ["VERL_CONFIG_DIR"])
+    return next(iter(sorted(REPO.glob(".venv-verl/lib/python*/site-packages/verl/trainer/config"))), None)
+
+
+@pytest.fixture(scope="session")
+def verl_compose():
+    """compose(overrides) -> verl's composed ppo_trainer config; skips without verl 0.9.1's files."""
+    config_dir = verl_config_dir()
+    if config_dir is None or not (config_dir / "ppo_trainer.yaml").is_file():
+        pytest.skip(f"verl 0.9.1's config files were not found (VERL_CONFIG_DIR unset); to run: {VERL_HOW}")
+    version_file = config_dir.parent.parent / "version" / "version"
+    version = version_file.read_text().strip() if version_file.is_file() else "unknown"
+    if version != "0.9.1":
+        pytest.skip(f"found verl {version} at {config_dir}; autotune reads verl 0.9.1 ({VERL_HOW})")
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
+        yield lambda overrides: compose("ppo_trainer", overrides=overrides)

@@ -169,14 +169,24 @@ def test_train_300_rollout_128_drops_samples(capsys):
     assert "problems found" in out.splitlines()[-1]
 
 
-def test_workers_are_checked_against_this_machine_unless_cores_is_given():
+def test_workers_are_checked_against_the_cores_given_never_this_machines():
     _, report = _check(SCENARIO_2, gpus=4, cores=4)
     (workers,) = [p for p in report["warnings"] if p["check"] == "workers"]  # advice: exit code unchanged
     assert "num_rollout_workers=6 exceeds the 4 cores given" in workers["problem"]
     assert workers["fix"] == "num_rollout_workers: 4"
     _, report = _check(SCENARIO_3, gpus=1)
-    texts = [f["problem"] for f in report["findings"] if f["check"] == "workers"]
-    assert texts and "of this machine" in texts[0]
+    (note,) = [f for f in report["findings"] if f["check"] == "workers"]
+    assert note["severity"] == "note" and "pass --cores N" in note["problem"]
+
+
+def test_a_file_for_an_8_gpu_node_gets_no_warning_about_this_machines_cores(tmp_path):
+    """The issue: num_rollout_workers=8 "exceeds the 2 physical cores of this machine" for a file meant for
+    an 8-GPU node. Without --cores the file's machine is unknown, and this one is not it."""
+    config = dataclasses.replace(ProbeConfig(), rollout_batch_size=16, num_rollout_workers=64)
+    text = format_overrides(verl_overrides(config, 1).values)
+    _, report = _check(_write(tmp_path, text, "verl_overrides.txt"))
+    assert not [w for w in report["warnings"] if w["check"] == "workers"]
+    assert [f for f in report["findings"] if f["check"] == "workers" and f["severity"] == "note"]
 
 
 def test_without_a_card_the_peak_is_a_note_and_gpus_default_to_one():

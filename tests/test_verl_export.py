@@ -10,11 +10,8 @@ own validate_config there.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import itertools
-import os
 import runpy
-from pathlib import Path
 
 import pytest
 
@@ -269,40 +266,9 @@ def test_verls_default_agent_workers_count_when_not_overridden():
 # --- verl's own configuration ------------------------------------------------------------------------------
 
 
-def verl_config_dir() -> Path | None:
-    """verl 0.9.1's `verl/trainer/config`: $VERL_CONFIG_DIR, setup.sh's .venv-verl, else an importable
-    verl."""
-    if os.environ.get("VERL_CONFIG_DIR"):
-        return Path(os.environ["VERL_CONFIG_DIR"])
-    for aside in sorted(REPO.glob(".venv-verl/lib/python*/site-packages/verl/trainer/config")):
-        return aside
-    spec = importlib.util.find_spec("verl")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config"
-
-
-HOW = "./setup.sh test (installs hydra-core, and verl 0.9.1 with its dependencies into .venv-verl)"
-
-
-@pytest.fixture(scope="module")
-def compose():
-    pytest.importorskip("hydra", reason=f"hydra-core is not installed; to run: {HOW}")
-    config_dir = verl_config_dir()
-    if config_dir is None or not (config_dir / "ppo_trainer.yaml").is_file():
-        pytest.skip(
-            f"verl 0.9.1's config files were not found (VERL_CONFIG_DIR unset, verl not installed); "
-            f"to run: {HOW}"
-        )
-    version_file = config_dir.parent.parent / "version" / "version"
-    version = version_file.read_text().strip() if version_file.is_file() else "unknown"
-    if version != "0.9.1":
-        pytest.skip(f"found verl {version} at {config_dir}; the export targets verl 0.9.1 ({HOW})")
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
-        yield lambda overrides: hydra_compose("ppo_trainer", overrides=overrides)
+@pytest.fixture
+def compose(verl_compose):
+    return verl_compose
 
 
 def test_the_shipped_key_list_is_verls_own_config(compose):

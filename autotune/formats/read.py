@@ -1,5 +1,5 @@
 """Read any config file autotune knows: the seed schema (the article's YAML, best_config.yaml), verl
-overrides, or TRL's trl_config.yaml.
+overrides (verl_overrides.txt, or a bash launch script's main_ppo command), or TRL's trl_config.yaml.
 
     target = read_target(Path("best_config.yaml"))     # or verl_overrides.txt
     target.config, target.sharding, target.measured, target.findings   # findings: unknown keys and the like
@@ -24,6 +24,7 @@ import yaml
 
 from autotune.config.knobs import DEFAULT_HEADROOM
 from autotune.errors import UserError
+from autotune.formats.launch_script import looks_like_launch_script
 from autotune.formats.seed_yaml import read_seed
 from autotune.formats.target import DEFAULT_LAYOUT, Measured, Target, looks_like_overrides
 from autotune.formats.trl import looks_like_trl, read_trl_config
@@ -43,8 +44,8 @@ def read_target(path: Path, gpus: int | None = None) -> Target:
     if not path.is_file():
         raise UserError(f"config '{path}' " + ("is a directory" if path.is_dir() else "does not exist"))
     text = path.read_text(encoding="utf-8", errors="replace")
-    if looks_like_overrides(text):
-        target = read_overrides(text)
+    if looks_like_overrides(text) or looks_like_launch_script(text):
+        target = read_overrides(text, where=str(path))
         values = target.overrides or {}
         return _default_layout(target) if FSDP_SIZE not in values and RESHARD not in values else target
     try:

@@ -30,7 +30,6 @@ autotune's files and a user's alike.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import math
 import re
@@ -41,6 +40,9 @@ from typing import Any, overload
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.rules import Finding, config_findings, problems
+from autotune.formats import verl_schema
+from autotune.formats.hydra_read import Line, read_lines
+from autotune.formats.launch_script import looks_like_launch_script, script_overrides
 from autotune.formats.rollout import ROLLOUT_ENGINES, RolloutEngine
 from autotune.formats.target import Target
 from autotune.formats.verl_table import (
@@ -56,37 +58,19 @@ __all__ = [
     "AR",
     "VerlOverrides",
     "format_overrides",
+    "need_critic",
+    "need_reference",
+    "override_lines",
     "parse_overrides",
     "read_overrides",
-    "unknown_key_findings",
     "verl_keys",
     "verl_overrides",
     "verl_rule_violations",
 ]
 
-# verl's own defaults for the keys the rules read when an override leaves them out (ppo_trainer.yaml).
-VERL_DEFAULTS: dict[str, Any] = {
-    f"{AR}.rollout.n": 1,
-    f"{AR}.rollout.name": None,  # mandatory (`???`): a file without it cannot start verl
-    f"{AR}.rollout.gpu_memory_utilization": 0.5,
-    f"{AR}.rollout.max_model_len": None,
-    f"{AR}.model.enable_gradient_checkpointing": True,
-    "algorithm.use_kl_in_reward": False,
-    "algorithm.kl_ctrl.kl_coef": 0.001,
-    f"{AR}.actor.use_kl_loss": False,
-    f"{AR}.actor.kl_loss_coef": 0.001,
-    f"{AR}.actor.use_dynamic_bsz": False,
-    f"{AR}.actor.ppo_max_token_len_per_gpu": 16384,
-    f"{AR}.rollout.agent.num_workers": 8,
-    f"{AR}.rollout.tensor_model_parallel_size": 2,
-    f"{AR}.actor.fsdp_config.fsdp_size": -1,
-    f"{AR}.actor.fsdp_config.reshard_after_forward": True,
-    f"{AR}.actor.fsdp_config.param_offload": False,
-    f"{AR}.actor.fsdp_config.optimizer_offload": False,
-    f"{AR}.actor.fsdp_config.offload_policy": False,
-    "algorithm.adv_estimator": "gae",
-    "trainer.nnodes": 1,
-}
+# The batch sizes come from the file only: verl's own (1024 prompts, mini batch 256) are its example's, not a
+# job the user wrote; a file without them is read without a configuration (`check` says so).
+FILE_ONLY = ("data.train_batch_size", f"{AR}.actor.ppo_mini_batch_size")
 CRITIC_ENGINE_BUDGET = "+critic.ppo_infer_max_token_len_per_gpu"
 BUDGET_KEYS = (  # token budgets per GPU under dynamic batch size (None: verl's default)
     f"{AR}.actor.ppo_max_token_len_per_gpu",
@@ -127,29 +111,18 @@ def format_overrides(values: Mapping[str, Any]) -> str:
     return "".join(f"{key}={format_value(value)}\n" for key, value in values.items())
 
 
-def parse_overrides(text: str) -> dict[str, Any]:
-    """Read `verl_overrides.txt` back (ints, booleans, null and strings; for checks and tests)."""
-    values: dict[str, Any] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        key, _, raw = line.partition("=")
-        values[key.strip()] = _parse_value(raw.strip())
-    return values
+def override_lines(text: str) -> list[Line]:
+    """An override file's lines: one Hydra override a line; blank lines and `#` comments skipped."""
+    return [
+        Line(number, line.strip())
+        for number, line in enumerate(text.splitlines(), 1)
+        if line.strip() and not line.strip().startswith("#")
+    ]
 
 
-def _parse_value(raw: str) -> Any:
-    if raw in ("true", "false"):
-        return raw == "true"
-    if raw == "null":
-        return None
-    if re.fullmatch(r"-?\d+", raw):
-        return int(raw)
-    if re.fullmatch(r"-?(\d+\.\d*|\.\d+)([eE][-+]?\d+)?|-?\d+[eE][-+]?\d+", raw):
-        return float(raw)
-    if len(raw) >= 2 and raw[0] == raw[-1] == "'":
-        return raw[1:-1].replace("\\'", "'").replace("\\\\", "\\")
-    return raw
+def parse_overrides(text: str, where: str = "overrides") -> dict[str, Any]:
+    """An override file's values, read by Hydra's own parser (autotune.formats.hydra_read)."""
+    return read_lines(override_lines(text), where, verl_keys())[0]
 
 
 def verl_overrides(
@@ -193,22 +166,28 @@ def _notes(c: ProbeConfig, n_gpus: int) -> list[str]:
 # --- reading back -------------------------------------------------------------------------------------
 
 
-def read_overrides(text: str) -> Target:
-    """A verl override file: verl's keys mapped back to autotune's knobs (the inverse of `verl_overrides`); a
-    key the file leaves out has verl's default. Keys verl's config lacks are findings: verl would refuse the
-    file at start-up."""
-    values = parse_overrides(text)
-    get: Callable[[str], Any] = {**VERL_DEFAULTS, **values}.get  # the file's values: anything it says
+def read_overrides(text: str, where: str = "overrides") -> Target:
+    """A verl override file, or a bash launch script (its main_ppo command's arguments): verl's keys mapped
+    back to autotune's knobs (the inverse of `verl_overrides`); a key the file leaves out has verl's default.
+    What verl's Hydra config refuses (unknown keys, ...) is a finding: verl would refuse the file at
+    start-up; a line that cannot be read is a UserError."""
+    notes: list[str] = []
+    if looks_like_launch_script(text):
+        lines, notes = script_overrides(text, where)
+    else:
+        lines = override_lines(text)
+    values, refused = read_lines(lines, where, verl_keys())
+    get = _getter(values)
     nodes, per_node = get("trainer.nnodes"), get("trainer.n_gpus_per_node")
     gpus = per_node * nodes if isinstance(per_node, int) and isinstance(nodes, int) else None
     reward = get("reward_model.model.path") if get("reward_model.enable") else None
-    config = _config(get, gpus or 1)
+    config = _config(get, values, gpus or 1)
     engine = RolloutEngine(
         get(f"{AR}.rollout.name"),
         get(f"{AR}.rollout.tensor_model_parallel_size"),
         get(f"{AR}.rollout.gpu_memory_utilization"),
         get(f"{AR}.rollout.max_model_len"),
-        max_num_seqs=_int_or(get(f"{AR}.rollout.max_num_seqs"), None),
+        max_num_seqs=_int_or(values.get(f"{AR}.rollout.max_num_seqs"), None),
     )
     return Target(
         kind="verl overrides",
@@ -219,7 +198,7 @@ def read_overrides(text: str) -> Target:
         sharding_label=_sharding_label(config)[1],
         offload=config.offloaded if config else False,
         gpus=gpus,
-        findings=unknown_key_findings(values),
+        findings=refused + [Finding("verl", note, severity="note") for note in notes],
         overrides=values,
         engine=engine,
     )
@@ -232,32 +211,7 @@ def verl_keys() -> frozenset[str]:
     return frozenset(line for line in text.splitlines() if line and not line.startswith("#"))
 
 
-def unknown_key_findings(values: Mapping[str, Any]) -> list[Finding]:
-    """An override of a key verl's config lacks fails verl's start-up (struct mode): a finding, with the
-    closest key; `+key` adds a key on purpose and is left alone."""
-    known, found = verl_keys(), []
-    for key in values:
-        name = key.lstrip("~")
-        if key.startswith("+") or name in known:
-            continue
-        parent = name.rpartition(".")[0]
-        siblings = [k for k in known if k.rpartition(".")[0] == parent] or sorted(known)
-        close = difflib.get_close_matches(name, siblings, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        found.append(
-            Finding(
-                "verl",
-                f"unknown key {name}: verl 0.9.1's config has no such key, so verl refuses the file{hint}",
-                f"rename it to {close[0]}"
-                if close
-                else "remove it, or write +key=value to add a key on purpose",
-                key=name,
-            )
-        )
-    return found
-
-
-def _config(get: Any, gpus: int) -> ProbeConfig | None:
+def _config(get: Any, values: Mapping[str, Any], gpus: int) -> ProbeConfig | None:
     """verl counts prompts, autotune samples (× rollout.n); None when the sizes are missing or not whole.
     verl has no rollout batch: a step's prompts generate together, which reads as R = T."""
     n, batch = get(f"{AR}.rollout.n"), get("data.train_batch_size")
@@ -267,11 +221,11 @@ def _config(get: Any, gpus: int) -> ProbeConfig | None:
     length = _int_or(get("data.max_prompt_length"), 512) + _int_or(get("data.max_response_length"), 512)
     dynamic = get(f"{AR}.actor.use_dynamic_bsz") is True
     budget = _int_or(get(f"{AR}.actor.ppo_max_token_len_per_gpu"), None) if dynamic else None
-    micro = _micro(get, max(1, mini * n // gpus), budget, length)
+    micro = _micro(get, max(1, mini * n // gpus), budget, length, gpus)
     if micro is None:
         return None
     lora = get(f"{AR}.model.lora_rank")
-    forward = _int_or(get(f"{AR}.rollout.log_prob_micro_batch_size_per_gpu"), None)
+    forward = _int_or(_per_gpu(get, f"{AR}.rollout.log_prob_micro_batch_size_per_gpu", gpus), None)
     return ProbeConfig(
         rollout_batch_size=batch * n,
         train_batch_size=batch * n,
@@ -282,14 +236,16 @@ def _config(get: Any, gpus: int) -> ProbeConfig | None:
         max_response_length=_int_or(get("data.max_response_length"), 512),
         log_prob_micro_batch_size=None if forward in (None, micro) else forward,  # None: the same as micro
         gradient_checkpointing=get(f"{AR}.model.enable_gradient_checkpointing") is not False,  # verl: on
-        algorithm="grpo" if get("algorithm.adv_estimator") == "grpo" else "ppo",
+        # the probe's PPO is GAE with a critic, its GRPO group advantages without one: verl's critic decides
+        algorithm="ppo" if need_critic(values) else "grpo",
         rollout_n=n,
         use_lora=isinstance(lora, int) and lora > 0,
         lora_r=lora if isinstance(lora, int) and lora > 0 else ProbeConfig.lora_r,
-        lora_alpha=_int_or(get(f"{AR}.model.lora_alpha"), ProbeConfig.lora_alpha),
+        # knobs whose unset value means verl's default: the file's value only
+        lora_alpha=_int_or(values.get(f"{AR}.model.lora_alpha"), ProbeConfig.lora_alpha),
         kl_coef=_kl_coef(get),
         **_holding(get, gpus),
-        max_num_seqs=_int_or(get(f"{AR}.rollout.max_num_seqs"), None),
+        max_num_seqs=_int_or(values.get(f"{AR}.rollout.max_num_seqs"), None),
         use_dynamic_bsz=dynamic,
         ppo_max_token_len_per_gpu=None if budget in (None, micro * length) else budget,
     )
@@ -299,10 +255,18 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _micro(get: Any, per_gpu: int, budget: int | None, length: int) -> int | None:
+def _per_gpu(get: Any, key: str, gpus: int) -> Any:
+    """A per-GPU micro batch, else the deprecated global key over the GPUs: the job the file means (verl 0.9.1
+    refuses it, and `verl_rule_violations` says so, but the memory is the same)."""
+    value = get(key)
+    old = get(DEPRECATED_MICRO[key])
+    return max(1, old // gpus) if value is None and _whole(old) else value
+
+
+def _micro(get: Any, per_gpu: int, budget: int | None, length: int, gpus: int) -> int | None:
     """The actor's micro batch; under dynamic batch size, which cuts micro-batches by tokens and reads no
     micro batch (the export writes none), the largest divisor of the GPU's mini batch the budget holds."""
-    micro = get(f"{AR}.actor.ppo_micro_batch_size_per_gpu")
+    micro = _per_gpu(get, f"{AR}.actor.ppo_micro_batch_size_per_gpu", gpus)
     if budget is None or _whole(micro):
         return micro if _whole(micro) else None
     fits = max(1, budget // max(1, length))
@@ -360,7 +324,18 @@ def _int_or(value: Any, default: int | None) -> int | None:
 
 
 def _get(overrides: Mapping[str, Any], key: str) -> Any:
-    return overrides.get(key, VERL_DEFAULTS.get(key))
+    """The value verl reads for `key`: the file's, else verl 0.9.1's default (verl_schema.json), with the
+    defaults' interpolations followed; None for a mandatory value the file leaves out."""
+    if key in FILE_ONLY and key not in overrides:
+        return None
+    if verl_schema.kind(key) is None:
+        return overrides.get(key)
+    value = verl_schema.effective(key, overrides)
+    return None if value == verl_schema.MISSING else value
+
+
+def _getter(values: Mapping[str, Any]) -> Callable[[str], Any]:
+    return functools.partial(_get, values)
 
 
 def _positive_ints(overrides: Mapping[str, Any], keys: list[str]) -> list[str]:
@@ -378,13 +353,10 @@ def verl_rule_violations(overrides: Mapping[str, Any], n_gpus: int) -> list[str]
     N GPUs, B = data.train_batch_size, n = rollout.n, M = actor.ppo_mini_batch_size, m = micro per GPU.
     """
     actor, rollout, ref = f"{AR}.actor", f"{AR}.rollout", f"{AR}.ref"
-    critic_used = _get(overrides, "algorithm.adv_estimator") == "gae"
-    micro_keys = [
-        f"{actor}.ppo_micro_batch_size_per_gpu",
-        f"{rollout}.log_prob_micro_batch_size_per_gpu",
-        f"{ref}.log_prob_micro_batch_size_per_gpu",
-    ]
-    if critic_used:
+    micro_keys = [f"{actor}.ppo_micro_batch_size_per_gpu", f"{rollout}.log_prob_micro_batch_size_per_gpu"]
+    if need_reference(overrides):  # validate_config checks the reference's only when verl builds one
+        micro_keys.append(f"{ref}.log_prob_micro_batch_size_per_gpu")
+    if need_critic(overrides):
         micro_keys.append("critic.ppo_micro_batch_size_per_gpu")
     sizes = [
         "data.train_batch_size",
@@ -397,20 +369,60 @@ def verl_rule_violations(overrides: Mapping[str, Any], n_gpus: int) -> list[str]
         f"{rollout}.max_num_seqs",
         *BUDGET_KEYS,
         *micro_keys,
+        *(DEPRECATED_MICRO[key] for key in micro_keys),
     ]
     errors = _positive_ints(overrides, sizes)
     if errors:  # the divisibility rules below need positive whole numbers
         return errors
     errors += _gpu_rules(overrides, n_gpus) + _dynamic_rules(overrides)
     if not _get(overrides, f"{actor}.use_dynamic_bsz"):
-        errors += [
-            f"{key}: not set; verl requires every micro batch size unless use_dynamic_bsz is on"
-            for key in micro_keys
-            if _get(overrides, key) is None
-        ]
+        errors += [error for key in micro_keys for error in _micro_key_rules(overrides, key, n_gpus)]
     if "data.train_batch_size" in overrides:
         errors += _batch_rules(overrides, n_gpus)
     return errors
+
+
+# verl's deprecated global micro batch keys, beside the per-GPU keys that replaced them
+DEPRECATED_MICRO = {
+    f"{AR}.actor.ppo_micro_batch_size_per_gpu": f"{AR}.actor.ppo_micro_batch_size",
+    f"{AR}.rollout.log_prob_micro_batch_size_per_gpu": f"{AR}.rollout.log_prob_micro_batch_size",
+    f"{AR}.ref.log_prob_micro_batch_size_per_gpu": f"{AR}.ref.log_prob_micro_batch_size",
+    "critic.ppo_micro_batch_size_per_gpu": "critic.ppo_micro_batch_size",
+}
+
+
+def need_critic(overrides: Mapping[str, Any]) -> bool:
+    """verl builds a critic where critic.enable says so, else for GAE only (trainer/ppo/utils.py
+    need_critic)."""
+    enable = _get(overrides, "critic.enable")
+    return bool(enable) if enable is not None else _get(overrides, "algorithm.adv_estimator") == "gae"
+
+
+def need_reference(overrides: Mapping[str, Any]) -> bool:
+    """verl builds a reference policy only where KL is used, in the reward or in the loss
+    (trainer/ppo/utils.py need_reference_policy)."""
+    return bool(_get(overrides, "algorithm.use_kl_in_reward") or _get(overrides, f"{AR}.actor.use_kl_loss"))
+
+
+def _micro_key_rules(overrides: Mapping[str, Any], key: str, n_gpus: int) -> list[str]:
+    """A micro batch without dynamic batch size: the per-GPU key, or for the critic the deprecated global
+    one, but never both."""
+    old = DEPRECATED_MICRO[key]
+    per_gpu, global_ = _get(overrides, key), overrides.get(old)
+    if per_gpu is not None and global_ is not None:
+        # workers/config/actor.py ActorConfig.__post_init__, workers/config/critic.py CriticConfig
+        # _check_mutually_exclusive, utils/config.py validate_config check_mutually_exclusive
+        return [f"{key}={per_gpu} and {old}={global_}: verl refuses both; remove the deprecated {old}"]
+    if per_gpu is not None or (global_ is not None and key.startswith("critic.")):
+        return []  # verl's critic config takes either (its per-GPU default interpolates the global key)
+    if global_ is None:
+        return [f"{key}: not set; verl requires every micro batch size unless use_dynamic_bsz is on"]
+    # validate_config passes the deprecated key, but verl 0.9.1 no longer converts it: V1's worker asserts
+    # the per-GPU key (workers/engine_workers.py ActorRolloutRefWorker.init_model)
+    return [
+        f"{old}={global_}: deprecated, and verl 0.9.1's worker requires {key} instead (it no longer divides "
+        f"the global size by the GPUs): write {key}={max(1, global_ // n_gpus)}"
+    ]
 
 
 def _dynamic_rules(overrides: Mapping[str, Any]) -> list[str]:
