@@ -133,7 +133,7 @@ def _measured_verdict(
         fix = first_aid(_calibrated_on(model, config, peak), config, card.limit, lengths)
     line = f"{said} {VERDICT_WORDS[verdict]} {card.label}{_headroom(card, verdict)}; {beside}"
     found = [Finding("memory", line, fix, severity=SEVERITY[verdict])]
-    return found + rollout_pool_findings(target, card.bytes, peak), info
+    return found + rollout_pool_findings(target, card.bytes, resident_bytes(estimate)), info
 
 
 def _calibrated_on(model: MemoryModel, config: ProbeConfig, peak: int) -> MemoryModel:
@@ -170,7 +170,7 @@ def _predicted_verdict(
     found += _at_the_limits(model, config, card, verdict, info)
     if verdict == "over":
         return found, info
-    return found + rollout_pool_findings(target, card.bytes, estimate.peak), info
+    return found + rollout_pool_findings(target, card.bytes, resident_bytes(estimate)), info
 
 
 def _at_the_limits(
@@ -258,6 +258,13 @@ def _lengths(config: ProbeConfig, report: LengthReport | None) -> tuple[int, int
     if report is None:
         return None
     return shorter_lengths(config, report.suggested_prompt_length, report.suggested_response_length)
+
+
+def resident_bytes(estimate: MemoryEstimate) -> int:
+    """What stays on the GPU while vLLM generates: the runtime and the training states (weights, gradients,
+    Adam's states, as held). The training passes' transients are freed by then: the pool meets the states,
+    not the training peak."""
+    return int(estimate.constant + sum(estimate.states.values()))
 
 
 def rollout_pool_findings(target: Target, card_bytes: float, resident_bytes: float) -> list[Finding]:
