@@ -13,9 +13,16 @@ def _assert_measured(result: dict) -> None:
     assert result["peak_memory_bytes"] > 0 and result["peak_memory_source"] == "rss"
     phases = result["phase_seconds"]
     assert set(phases) == {"rollout", "scoring", "advantages", "update"}
-    # phases are timed between synchronisations inside the iteration: they add up to it within 10%
-    assert sum(phases.values()) == pytest.approx(result["iteration_seconds"], rel=0.10)
+    # verl's passes: the iteration is the training phases (the synthetic rollout is timed apart), timed
+    # between synchronisations inside it, so they add up to it within 10%
+    training = phases["scoring"] + phases["advantages"] + phases["update"]
+    assert training == pytest.approx(result["iteration_seconds"], rel=0.10)
     assert result["environment"]["torch"] and result["config"]["train_batch_size"] == 16
+    # each pass's micro batches, packed: 16 samples per rank over micro batches of 4 (update) or the
+    # log-prob micro batch, every sample once per pass
+    packing = result["packing"]
+    assert {"forward", "update"} <= set(packing)
+    assert packing["update"]["micro_batches"] == 16 // 4 // result["world_size"]
 
 
 def test_issue_example_single_rank():
@@ -38,6 +45,22 @@ def test_two_gloo_ranks_report_the_largest_peak_and_budget_is_emulated():
     )
     assert code == 1
     assert over["status"] == "oom" and over["oom_kind"] == "emulated" and "emulated" in over["message"]
+
+
+def test_dynamic_batch_size_packs_every_micro_batch_under_its_budget():
+    """use_dynamic_bsz with budgets of 3 and 6 sequences (update, forward passes) at the limits (every
+    sample 32 + 16 tokens): the update cuts each mini batch of 8 into ceil(8·48 / 144) = 3 micro batches,
+    the forward passes the 16 samples into ceil(16·48 / 288) = 3; none above its budget."""
+    code, result = probe_json(
+        "--model", "tiny-llama", *ISSUE_EXAMPLE, "--set", "use_dynamic_bsz=true",
+        "--set", "ppo_max_token_len_per_gpu=144", "--set", "log_prob_max_token_len_per_gpu=288",
+    )  # fmt: skip
+    assert code == 0, result
+    packing, length = result["packing"], 32 + 16
+    assert result["config"]["max_prompt_length"] + result["config"]["max_response_length"] == length
+    assert packing["update"]["micro_batches"] == 2 * 3 and packing["update"]["max_tokens"] == 144
+    assert packing["forward"]["micro_batches"] == 3 and packing["forward"]["max_tokens"] <= 288
+    assert packing["forward"]["tokens"] == 16 * length  # every sample once, nothing padded
 
 
 def test_grpo_with_lora_and_a_reward_model():
