@@ -10,7 +10,6 @@ import yaml
 from trl import GRPOConfig
 
 from autotune.config.knobs import ProbeConfig
-from autotune.errors import UserError
 from autotune.formats.read import read_target
 from autotune.formats.trl import ROUTES, not_trl_knobs, trl_config_text, trl_fields, trl_findings
 
