@@ -10,7 +10,6 @@ import yaml
 from trl import GRPOConfig
 
 from autotune.config.knobs import ProbeConfig
-from autotune.errors import UserError
 from autotune.formats.read import read_target
 from autotune.formats.trl import ROUTES, not_trl_knobs, trl_config_text, trl_fields, trl_findings
 
@@ -108,11 +107,11 @@ def test_trl_config_reads_back_as_the_same_configuration(tmp_path):
     assert not [f for f in target.findings if f.severity == "problem"]
 
 
-def test_a_trl_config_without_its_generation_batch_is_a_user_error(tmp_path):
-    path = tmp_path / "trl_config.yaml"
-    path.write_text("per_device_train_batch_size: 4\nnum_generations: 4\n")
-    with pytest.raises(UserError, match="generation_batch_size"):
-        read_target(path)
+def test_a_trl_config_without_its_generation_batch_gets_the_one_grpo_config_derives(tmp_path):
+    path = tmp_path / "trl_config.yaml"  # GRPOConfig: micro x processes x steps (= accumulation steps)
+    path.write_text("per_device_train_batch_size: 4\ngradient_accumulation_steps: 2\nnum_generations: 4\n")
+    assert read_target(path).config.train_batch_size == 8
+    assert read_target(path, gpus=2).config.train_batch_size == 16
 
 
 VARIANTS = {  # one change of each knob TRL reads, from BASE

@@ -1,5 +1,6 @@
 """The files autotune writes and reads back: the seed schema (best_config.yaml), verl overrides and launch
-scripts (read by Hydra's own parser, against verl 0.9.1's schema) and TRL's trl_config.yaml."""
+scripts (read by Hydra's own parser, against verl 0.9.1's schema) and TRL's trl_config.yaml (read by TRL's
+own parser, or by the same rules over its shipped schema)."""
 
 __all__ = [
     "hydra_read",
@@ -9,6 +10,7 @@ __all__ = [
     "seed_yaml",
     "target",
     "trl",
+    "trl_read",
     "verl",
     "verl_schema",
     "verl_table",

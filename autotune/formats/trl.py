@@ -27,6 +27,7 @@ from autotune.config.knobs import ProbeConfig, mini_batch_size
 from autotune.config.rules import Finding
 from autotune.errors import UserError
 from autotune.formats.target import Target
+from autotune.formats.trl_read import launch_options, parse_trl
 
 __all__ = [
     "ROUTES",
@@ -259,38 +260,48 @@ def looks_like_trl(data: dict[str, Any]) -> bool:
 
 
 FIELD_KNOB = {name: route.knob for route in ROUTES for name in route.fields}  # TRL field -> autotune knob
-CPU_FIELDS = ("use_cpu", "bf16")
 PROCESSES = re.compile(r"on (\d+) process\(es\)|--num_processes (\d+)")
 
 
 def read_trl_config(data: dict[str, Any], path: Path, text: str, gpus: int | None = None) -> Target:
-    """trl_config.yaml read back: the configuration it carries, on `gpus` processes (default: its header's,
-    else 1). A value TRL would refuse is a UserError; a field autotune does not know, a finding."""
-    found = PROCESSES.search(text)
-    processes = gpus or (int(next(g for g in found.groups() if g)) if found else 1)
-    values = {FIELD_KNOB[name]: value for name, value in data.items() if name in FIELD_KNOB}
-    unknown = sorted(set(data) - set(FIELD_KNOB) - {"model_name_or_path", *CPU_FIELDS})
-    if "generation_batch_size" not in data:
+    """trl_config.yaml read back as TRL 1.16 reads it (autotune.formats.trl_read: "4" is 4; a field TRL
+    lacks, a value its parser or GRPOConfig refuses, is a UserError in TRL's words), on `gpus` processes
+    (default: the file's accelerate `num_processes`, else its header's, else 1)."""
+    values = parse_trl(data, where=str(path))
+    processes = gpus or _processes(data, text, str(path))
+    read = {knob: values[name] for name, knob in FIELD_KNOB.items()}
+    read["gradient_checkpointing"] = values["activation_checkpointing"]  # the alias, resolved by TRL
+    if "generation_batch_size" not in data:  # GRPOConfig derives it on the processes that run it
+        read["train_batch_size"] = (
+            values["per_device_train_batch_size"] * processes * values["steps_per_generation"]
+        )
+    if read["max_response_length"] is None:
         raise UserError(
-            f"config '{path}': a TRL config without generation_batch_size: add it (completions per "
-            f"generation round, all processes), as trl_config.yaml has it"
+            f"config '{path}': max_completion_length=None: autotune prices completions of a known length; "
+            f"set the longest completion TRL may generate"
         )
     # TRL generates a process's share of a round in one call: the memory model's rollout batch is the round
-    values["rollout_batch_size"] = values.get("train_batch_size")
+    read["rollout_batch_size"] = read["train_batch_size"]
+    read["use_lora"] = bool(read["use_lora"])
     try:
-        config = ProbeConfig(algorithm="grpo", **{**_defaults(), **values})
-    except TypeError as exc:
+        config = ProbeConfig(algorithm="grpo", **read)
+    except (TypeError, ValueError) as exc:
         raise UserError(f"config '{path}': {exc}") from None
+    launch = [name for name in data if name in launch_options()]
     findings = [
         Finding(
-            "schema", f"{name}: not a field autotune reads", "check its spelling", severity="note", key=name
+            "schema",
+            f"{name}: an accelerate launch option: `trl grpo` hands it to accelerate launch",
+            "keep it, or pass it to accelerate launch",
+            severity="note",
+            key=name,
         )
-        for name in unknown
+        for name in launch
     ]
     return Target(
         kind=TRL_KIND,
         config=config,
-        model=data.get("model_name_or_path"),
+        model=values.get("model_name_or_path"),
         sharding="none",
         sharding_label="replicated (DDP, one process per GPU)",
         gpus=processes,
@@ -298,15 +309,15 @@ def read_trl_config(data: dict[str, Any], path: Path, text: str, gpus: int | Non
     )
 
 
-def _defaults() -> dict[str, Any]:
-    """TRL's own defaults for the fields a file may leave out (GRPOConfig, TRL 1.16)."""
-    return {
-        "micro_batch_size": 8,
-        "gradient_accumulation_steps": 1,
-        "rollout_n": 8,
-        "max_response_length": 512,
-        "kl_coef": 0.0,
-        "gradient_checkpointing": True,
-        "num_rollout_workers": 0,
-        "use_lora": False,
-    }
+def _processes(data: dict[str, Any], text: str, where: str) -> int:
+    count = data.get("num_processes")
+    if count is not None:
+        if isinstance(count, str) and count.strip().isdigit():
+            count = int(count)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise UserError(
+                f"config '{where}': num_processes={count!r}: accelerate wants a whole number >= 1"
+            )
+        return count
+    found = PROCESSES.search(text)
+    return int(next(g for g in found.groups() if g)) if found else 1
