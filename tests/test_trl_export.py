@@ -10,6 +10,7 @@ import yaml
 from trl import GRPOConfig
 
 from autotune.config.knobs import ProbeConfig
+from autotune.errors import UserError
 from autotune.formats.read import read_target
 from autotune.formats.trl import ROUTES, not_trl_knobs, trl_config_text, trl_fields, trl_findings
 
@@ -193,3 +194,21 @@ def test_a_minimal_trl_config_is_checked_with_trls_defaults(tmp_path):
     assert result.target.config.rollout_batch_size == 16  # a round generates at once
     assert not result.problems, [f.line for f in result.problems]
     assert not [f for f in result.findings if f.check == "rollout"]
+
+
+def test_a_trl_space_with_verls_dynamic_batch_size_is_one_line():
+    """TRL pads fixed micro batches: a token budget in a TRL study would be searched and never exported."""
+    import copy
+
+    from autotune.run.prepare import check_trl_space
+    from autotune.space.model import load_space, space_from_dict
+
+    space = load_space("trl-cpu-tiny")
+    raw = copy.deepcopy(dict(space.raw))
+    raw["knobs"] |= {"use_dynamic_bsz": {"choices": [False, True]}, "ppo_max_token_len_per_gpu": 4096}
+    dynamic = space_from_dict(raw, source="dynamic.yaml", cores=space.cores, name="dynamic")
+    with pytest.raises(
+        UserError, match=r"dynamic.yaml: knobs use_dynamic_bsz, ppo_max_token_len_per_gpu .*TRL"
+    ):
+        check_trl_space(dynamic)
+    check_trl_space(space)  # the shipped TRL space has none

@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
-from autotune.config.knobs import ProbeConfig
+from autotune.config.knobs import BUDGET_KNOBS, ProbeConfig
 from autotune.config.numbers import MAX_SECONDS, is_int, parse_float
 from autotune.config.schema import show
 from autotune.errors import UserError
@@ -438,6 +438,17 @@ def check_trl_space(space: SearchSpace) -> None:
     from autotune.config.rules import raise_for
     from autotune.formats.trl import trl_findings
 
+    dynamic = [
+        n
+        for n in ("use_dynamic_bsz", *BUDGET_KNOBS)
+        if any(v not in (None, False) for v in space.knob(n).values())
+    ]
+    if dynamic:
+        raise UserError(
+            f"{space.source}: knobs {', '.join(dynamic)} are verl's dynamic batch size: TRL's GRPOTrainer "
+            f"pads fixed micro batches and has no token budget; fix: leave them out of the space (or "
+            f"--target verl)"
+        )
     held = [name for name in ("sharding", *OFFLOAD_KNOBS) if len(space.knob(name).values()) > 1]
     if held:
         raise UserError(
