@@ -30,7 +30,10 @@ MODELS: dict[str, tuple[str, str]] = {
     "tinyllama-1.1b": ("actor", "TinyLlama/TinyLlama-1.1B-Chat-v1.0"),
     "qwen2.5-0.5b": ("actor", "Qwen/Qwen2.5-0.5B"),
     "qwen2.5-1.5b": ("actor", "Qwen/Qwen2.5-1.5B"),
+    "qwen2.5-3b": ("actor", "Qwen/Qwen2.5-3B"),
     "qwen2.5-7b": ("actor", "Qwen/Qwen2.5-7B"),
+    "qwen2-7b": ("actor", "Qwen/Qwen2-7B"),
+    "deepseek-llm-7b": ("actor", "deepseek-ai/deepseek-llm-7b-base"),
     "deberta-v3-large": ("reward", "OpenAssistant/reward-model-deberta-v3-large"),
     "tiny-llama": ("test", "autotune test model (Llama architecture)"),
     "tiny-qwen2": ("test", "autotune test model (Qwen2 architecture)"),
@@ -43,6 +46,8 @@ HF_PATTERNS = (
     (r"^llama-2-(7b|13b)", "llama-2-{}"),
     (r"^tinyllama", "tinyllama-1.1b"),
     (r"^qwen2\.5-(\d+(?:\.\d+)?b)", "qwen2.5-{}"),
+    (r"^qwen2-(7b)", "qwen2-{}"),
+    (r"^deepseek-llm-(7b)", "deepseek-llm-{}"),
     (r"deberta-v3-large", "deberta-v3-large"),
 )
 UNKNOWN = "unknown"
