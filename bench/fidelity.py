@@ -99,7 +99,11 @@ def pick_configs(space: SearchSpace, count: int, seed: int = 0) -> list[ProbeCon
     """
     grid = space.grid()
     knobs = searched_knobs(space)
-    values = {name: sorted({knob_value(c, name, space.gpus) for c in grid}) for name in knobs}
+    # an unset budget (None: the rule, or dynamic batch size off) sorts below every value
+    values = {
+        name: sorted({knob_value(c, name, space.gpus) for c in grid}, key=lambda v: (v is not None, v))
+        for name in knobs
+    }
     points = [coordinates(c, knobs, values, space.gpus) for c in grid]
     rng = random.Random(seed)
     strata = [rng.sample(range(count), count) for _ in knobs]
