@@ -84,8 +84,8 @@ def recorded_resident_bytes(result: Mapping[str, Any] | None) -> int | None:
     (verl frees them when a train step ends). None where no rank recorded them (--engine verl and trl, older
     studies)."""
     peaks = (result or {}).get("rank_peaks") or []
-    states = [p.get("state_bytes") for p in peaks if isinstance(p, dict)]
-    states = [s for s in states if isinstance(s, dict)]
+    recorded = [p.get("state_bytes") for p in peaks if isinstance(p, dict)]
+    states = [s for s in recorded if isinstance(s, dict)]
     if not states:
         return None
     return max(int(s.get("weights", 0)) + int(s.get("optimizer", 0)) for s in states)

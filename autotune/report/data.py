@@ -25,9 +25,10 @@ from autotune.formats.rollout import (
     recorded_resident_bytes,
     rollout_engine,
 )
-from autotune.formats.seed_yaml import seed_document, seed_yaml
+from autotune.formats.seed_yaml import VERL_EXPORT, seed_document, seed_yaml
 from autotune.formats.trl import trl_config_text
 from autotune.formats.verl import VerlOverrides, verl_overrides
+from autotune.formats.verl_defaults import ExportedKnob, exported_knobs
 from autotune.memory.advice import remedies
 from autotune.memory.budget import Budget
 from autotune.memory.model import DEVICES, PRIORS, Architecture, predict_components
@@ -114,6 +115,7 @@ class ReportData:
     near_misses: list[NearMiss] = field(default_factory=list)
     disturbed: list[tuple[FrozenTrial, str]] = field(default_factory=list)  # probes other work slowed
     trl_config: str | None = None  # trl_config.yaml, for a study whose target is TRL
+    verl_knobs: list[ExportedKnob] = field(default_factory=list)  # each exported key beside verl's default
 
     @property
     def complete(self) -> list[FrozenTrial]:
@@ -136,6 +138,7 @@ def build_report(
     ) or plan.gpus
     plan = dataclasses.replace(plan, gpus=int(measured_gpus))  # the GPUs the winner was measured on
     document = verl = engine = figures = trl_config = None
+    verl_knobs: list[ExportedKnob] = []
     if chosen is not None:
         config = trial_config_of(chosen)
         figures = gain.headline(study, chosen)
@@ -145,6 +148,10 @@ def build_report(
         verl = verl_overrides(
             config, plan.gpus, verl_model_path(plan.model), engine, workers=exported_workers(plan)
         )
+        verl_knobs = exported_knobs(verl.values, engine, plan.settings.get("engine") == "verl")
+        figures_block = document.pop("measured")  # kept last, after the verl keys
+        document[VERL_EXPORT] = {knob.key: knob.to_dict() for knob in verl_knobs}
+        document["measured"] = figures_block
         if plan.target == "trl":
             device = (chosen.user_attrs.get(Attr.RESULT) or {}).get("device", "cuda")
             trl_config = trl_config_text(config, plan.gpus, verl_model_path(plan.model), device)
@@ -162,6 +169,7 @@ def build_report(
         verl=verl,
         trl_config=trl_config,
         engine=engine,
+        verl_knobs=verl_knobs,
         created=created,
         advice={t.number: advice(t, budget) for t in selection.closest},
         remeasured=remeasured(study, trials),
@@ -279,7 +287,8 @@ def best_config_yaml(report: ReportData) -> str:
 def config_yaml(report: ReportData) -> str:
     """The recommended configuration alone, as YAML in the seed's schema: what a user copies."""
     assert report.best_config is not None, "no recommendation to write"
-    return seed_yaml({key: value for key, value in report.best_config.items() if key != "measured"}, "")
+    shown = {key: value for key, value in report.best_config.items() if key not in ("measured", VERL_EXPORT)}
+    return seed_yaml(shown, "")
 
 
 def advice(trial: FrozenTrial, budget: Budget) -> list[str]:
