@@ -10,6 +10,7 @@ __all__ = [
     "target",
     "trl",
     "verl",
+    "verl_defaults",
     "verl_schema",
     "verl_table",
 ]
