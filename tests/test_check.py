@@ -357,14 +357,14 @@ def test_verl_override_files_are_checked_with_verls_rules(tmp_path):
         max_response_length=128,
         sharding="full_shard",
     )
-    # beside the training states resident while vLLM generates (8.1 GiB; the 10.5 GiB peak passes)
     engine = RolloutEngine(gpu_memory_utilization=0.25, max_model_len=256)
     values = verl_overrides(config, 2, model_path="Qwen/Qwen2.5-0.5B", engine=engine).values
     good = _write(tmp_path, format_overrides(values), "verl_overrides.txt")
     exit_code, report = _check(good, gpu="rtx4090", cores=8)
     assert (exit_code, report["kind"], report["gpus"]) == (0, "verl overrides", 2), report["problems"]
     assert report["config"]["micro_batch_size"] == 8 and report["sharding"] == "full_shard"
-    # a share of 0.9 of the card does not fit beside the training states
+    # a share of 0.9 of the card does not fit beside the training states resident while vLLM generates
+    # (about 4 GiB of weights and Adam's states per GPU, sharded over 2, and the runtime)
     values["actor_rollout_ref.rollout.gpu_memory_utilization"] = 0.9
     exit_code, report = _check(
         _write(tmp_path, format_overrides(values), "greedy.txt"), gpu="rtx4090", cores=8

@@ -59,6 +59,29 @@ def twelve_trials(tmp_path_factory):
     return proc, out, time.monotonic() - started
 
 
+def test_the_export_keeps_verls_defaults_without_a_measured_reason(twelve_trials):
+    """The built-in probe's study: the vLLM share from the resident training states (at least verl's 0.5 on
+    this emulated card, or the report says why not), worker keys at verl's defaults, and the report's table
+    of the exported keys beside verl's defaults."""
+    proc, out, _ = twelve_trials
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    folder = out / default_name(out)
+    lines = dict(line.split("=", 1) for line in (folder / "verl_overrides.txt").read_text().splitlines())
+    share = float(lines["actor_rollout_ref.rollout.gpu_memory_utilization"])
+    report = (folder / "report.md").read_text()
+    assert share >= 0.5 or "below verl's default 0.5" in report, share
+    assert lines["actor_rollout_ref.rollout.tensor_model_parallel_size"] == "1"
+    assert lines["data.dataloader_num_workers"] == "8"  # verl's, not the probing machine's cores
+    assert 1 <= int(lines["actor_rollout_ref.rollout.agent.num_workers"]) <= 8
+    assert "## verl's keys beside verl's defaults" in report
+    assert "| actor_rollout_ref.rollout.gpu_memory_utilization | " in report and "| 0.5 | memory" in report
+    assert "| data.dataloader_num_workers | 8 | 8 | verl's default" in report
+    best = yaml.safe_load((folder / "best_config.yaml").read_text())
+    exported = best["verl_export"]["actor_rollout_ref.rollout.gpu_memory_utilization"]
+    assert exported == {"value": share, "verl_default": 0.5, "why": exported["why"]}
+    assert exported["why"].startswith("memory")
+
+
 def test_twelve_trials_each_a_new_configuration_and_at_most_one_oom(twelve_trials):
     proc, out, seconds = twelve_trials
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

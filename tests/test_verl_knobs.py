@@ -297,9 +297,9 @@ def test_a_tensor_parallel_size_that_does_not_split_the_heads_is_one_finding():
 def test_the_export_rule_picks_a_size_that_splits_the_heads():
     """A 7B model whose weights need every one of 8 cards: 8 does not divide 28 heads, so 4, with a note."""
     params = 7_000_000_000
-    alone = rollout_engine(BASE, 8, "vllm", 24 * GIB, 20 * GIB, params)
+    alone = rollout_engine(BASE, 8, "vllm", 24 * GIB, 21 * GIB, params)  # a 2.4 GiB pool: 13 GiB / 8 fit
     assert alone.tensor_model_parallel_size == 8
-    split = rollout_engine(BASE, 8, "vllm", 24 * GIB, 20 * GIB, params, attention_heads=28)
+    split = rollout_engine(BASE, 8, "vllm", 24 * GIB, 21 * GIB, params, attention_heads=28)
     assert split.tensor_model_parallel_size == 4
     assert any("divides the 28 attention heads" in note for note in split.notes)
     roomy = rollout_engine(BASE, 8, "vllm", 80 * GIB, 10 * GIB, params, attention_heads=28)

@@ -99,8 +99,8 @@ CONSTANTS = [
     (PPO, f"{AR}.rollout.name", "sglang"),
     (PPO, f"{AR}.actor.strategy", "fsdp"),
     (PPO, "critic.strategy", "fsdp"),
-    (PPO, f"{AR}.actor.fsdp_config.use_no_sync_for_gradient_accumulation", True),
-    (PPO, "critic.fsdp.use_no_sync_for_gradient_accumulation", True),
+    (PPO, f"{AR}.actor.fsdp_config.use_no_sync_for_gradient_accumulation", False),  # replicated: true
+    (PPO, "critic.fsdp.use_no_sync_for_gradient_accumulation", False),
     (PPO, f"{AR}.ref.fsdp_config.model_dtype", "fp32"),
     (LORA, f"{AR}.actor.fsdp_config.model_dtype", "fp32"),
     (LORA, "critic.fsdp.model_dtype", "fp32"),

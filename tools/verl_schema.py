@@ -1,4 +1,6 @@
-"""Write the defaults and types of the verl keys autotune reads to `autotune/formats/verl_schema.json`.
+"""Write the defaults and types of the verl keys autotune reads to `autotune/formats/verl_schema.json`,
+and verl's default of every key the export writes (`export_defaults`: the report's table of exported knobs
+beside verl's defaults).
 
 Source: verl 0.9.1's `verl/trainer/config/_generated_ppo_trainer.yaml` (the composed default trainer config
 verl ships), in the copy `./setup.sh test` installs in .venv-verl.
@@ -52,6 +54,15 @@ TYPES = {
 }
 
 
+# Keys the export adds with `+` (verl's YAML lacks them): the default of verl's dataclass.
+DATACLASS_DEFAULTS = {
+    "critic.fsdp.micro_batch_size_per_gpu": None,  # workers/config/engine.py EngineConfig
+    "critic.fsdp.infer_micro_batch_size_per_gpu": None,  # EngineConfig
+    "critic.fsdp.use_dynamic_bsz": True,  # EngineConfig
+    "critic.ppo_infer_max_token_len_per_gpu": 32768,  # workers/config/critic.py CriticConfig
+}
+
+
 def _select(config: dict[str, Any], key: str) -> Any:
     node: Any = config
     for part in key.split("."):
@@ -80,7 +91,21 @@ def schema(yaml_file: Path | None = YAML_FILE) -> dict[str, Any]:
     for key in READ_KEYS:
         default = _select(config, key)
         keys[key] = {"type": _type(key, default), "default": default}
-    return {"source": f"verl 0.9.1 {SOURCE} (tools/verl_schema.py writes this file)", "keys": keys}
+    return {
+        "source": f"verl 0.9.1 {SOURCE} (tools/verl_schema.py writes this file)",
+        "keys": keys,
+        "export_defaults": _export_defaults(config),
+    }
+
+
+def _export_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    from autotune.formats.verl_table import JOB_ROUTES, ROUTES
+
+    names = sorted({key.name.lstrip("+") for route in (*ROUTES, *JOB_ROUTES) for key in route.keys})
+    return {
+        name: DATACLASS_DEFAULTS[name] if name in DATACLASS_DEFAULTS else _select(config, name)
+        for name in names
+    }
 
 
 def main() -> int:

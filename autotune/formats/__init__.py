@@ -12,6 +12,7 @@ __all__ = [
     "trl",
     "trl_read",
     "verl",
+    "verl_defaults",
     "verl_schema",
     "verl_table",
 ]

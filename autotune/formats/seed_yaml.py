@@ -34,7 +34,7 @@ from autotune.formats.rollout import RolloutEngine
 from autotune.formats.target import Target
 from autotune.models.names import model_name_or_path
 
-__all__ = ["SHARDING", "kl_placement", "read_seed", "seed_document", "seed_yaml"]
+__all__ = ["SHARDING", "VERL_EXPORT", "kl_placement", "read_seed", "seed_document", "seed_yaml"]
 
 INT, BOOL, STR, NUM, SECTION = "int", "bool", "str", "number", "section"
 KNOBS: dict[str, str] = {
@@ -107,7 +107,9 @@ SECTIONS: dict[str, dict[str, str]] = {
     },
     "fsdp_config": FSDP_KEYS,
 }
-UNCHECKED = {"init_kl_coef", "kl_target", "log_level", "dataset_cache_dir", "measured"}
+# each exported verl key beside verl's default and why it differs (formats/verl_defaults.py): for people
+VERL_EXPORT = "verl_export"
+UNCHECKED = {"init_kl_coef", "kl_target", "log_level", "dataset_cache_dir", "measured", VERL_EXPORT}
 SHARDING = {  # torch FSDP strategy -> how the states are modelled
     "FULL_SHARD": "full_shard",
     "HYBRID_SHARD": "full_shard",  # full shard within a node: the same per GPU on one node

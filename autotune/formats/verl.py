@@ -126,24 +126,29 @@ def parse_overrides(text: str, where: str = "overrides") -> dict[str, Any]:
 
 
 def verl_overrides(
-    config: ProbeConfig, n_gpus: int, model_path: str | None = None, engine: RolloutEngine | None = None
+    config: ProbeConfig,
+    n_gpus: int,
+    model_path: str | None = None,
+    engine: RolloutEngine | None = None,
+    workers: int | None = None,
 ) -> VerlOverrides:
     """verl 0.9.1 overrides for a measured config on one node of n_gpus GPUs (ValueError: invalid config).
 
     The keys are the table's (autotune.formats.verl_table), each with the value the probe used: every key
     verl's V1 trainer builds its workers from, and those its config check requires; nothing for a knob verl
-    does not have (the rollout batch)."""
+    does not have (the rollout batch). `workers`: the worker count to write instead of the configuration's
+    (verl's default, where the built-in probe ran on another machine's cores)."""
     broken = problems(config_findings(config, n_gpus, cores=max(1, config.num_rollout_workers)))
     if broken:
         lines = "; ".join(f.line for f in broken)
         raise ValueError(f"cannot export an invalid configuration for {n_gpus} GPU(s): {lines}")
     engine = engine or RolloutEngine(max_model_len=config.sequence_length)
-    job = Job(config, n_gpus, model_path, engine)
+    job = Job(config, n_gpus, model_path, engine, workers)
     values = {key.name: key.value(job) for route in (*ROUTES, *JOB_ROUTES) for key in route.written(job)}
-    return VerlOverrides(values, _notes(config, n_gpus) + list(engine.notes))
+    return VerlOverrides(values, _notes(config, n_gpus, job.worker_count) + list(engine.notes))
 
 
-def _notes(c: ProbeConfig, n_gpus: int) -> list[str]:
+def _notes(c: ProbeConfig, n_gpus: int, wanted: int) -> list[str]:
     """Where the export had to adapt a value to what verl can express."""
     notes = []
     mini = mini_batch_samples(c, n_gpus)
@@ -154,11 +159,11 @@ def _notes(c: ProbeConfig, n_gpus: int) -> list[str]:
             f"samples ({mini // (c.micro_batch_size * n_gpus)} micro-batches per GPU); "
             f"memory is unchanged"
         )
-    workers = agent_workers(c)
-    if workers != c.num_rollout_workers:
+    workers = agent_workers(c, wanted)
+    if workers != wanted:
         notes.append(
             f"rollout.agent.num_workers={workers}: the largest divisor of the {c.train_batch_size} "
-            f"samples per step not above num_rollout_workers={c.num_rollout_workers}"
+            f"samples per step not above {wanted}"
         )
     return notes
 

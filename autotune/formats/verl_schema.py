@@ -19,7 +19,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MISSING", "READ_KEYS", "SCHEMA_FILE", "default", "effective", "kind", "type_error"]
+__all__ = [
+    "MISSING",
+    "READ_KEYS",
+    "SCHEMA_FILE",
+    "default",
+    "effective",
+    "export_default",
+    "kind",
+    "type_error",
+]
 
 AR = "actor_rollout_ref"
 SCHEMA_FILE = Path(__file__).with_name("verl_schema.json")
@@ -88,6 +97,19 @@ def _schema() -> dict[str, dict[str, Any]]:
     text = resources.files("autotune.formats").joinpath("verl_schema.json").read_text()
     keys: dict[str, dict[str, Any]] = json.loads(text)["keys"]
     return keys
+
+
+@functools.cache
+def _export_defaults() -> dict[str, Any]:
+    text = resources.files("autotune.formats").joinpath("verl_schema.json").read_text()
+    found: dict[str, Any] = json.loads(text).get("export_defaults", {})
+    return found
+
+
+def export_default(key: str) -> Any:
+    """verl 0.9.1's default of a key the export writes (a leading `+` ignored: the dataclass's default);
+    KeyError for a key the export does not write."""
+    return _export_defaults()[key.lstrip("+")]
 
 
 def kind(key: str) -> str | None:

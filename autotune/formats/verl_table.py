@@ -44,6 +44,7 @@ __all__ = [
     "agent_workers",
     "ignored_keys",
     "mini_batch_samples",
+    "no_sync_as_probed",
     "not_verl_knobs",
     "route",
 ]
@@ -62,6 +63,14 @@ class Job:
     gpus: int
     model_path: str | None
     engine: Any
+    # the worker count the export writes: the configuration's own where verl measured it (--engine verl),
+    # else verl's default (formats/rollout.py VERL_DEFAULT_WORKERS): the probing machine's cores are not
+    # the training node's
+    workers: int | None = None
+
+    @property
+    def worker_count(self) -> int:
+        return self.config.num_rollout_workers if self.workers is None else self.workers
 
     @property
     def critic(self) -> bool:
@@ -111,11 +120,20 @@ def mini_batch_samples(config: ProbeConfig, n_gpus: int) -> int:
     return math.lcm(config.micro_batch_size * config.gradient_accumulation_steps * n_gpus, config.rollout_n)
 
 
-def agent_workers(config: ProbeConfig) -> int:
-    """The largest divisor of the train batch (samples) not above num_rollout_workers (verl chunks a step's
-    samples evenly over its agent-loop workers)."""
-    w, total = config.num_rollout_workers, config.train_batch_size
+def agent_workers(config: ProbeConfig, workers: int | None = None) -> int:
+    """The largest divisor of the train batch (samples) not above `workers` (default num_rollout_workers):
+    verl chunks a step's samples evenly over its agent-loop workers."""
+    w, total = config.num_rollout_workers if workers is None else workers, config.train_batch_size
     return max(d for d in range(1, max(1, w) + 1) if total % d == 0)
+
+
+def no_sync_as_probed(job: Job) -> bool:
+    """verl reduces the gradients as the probe did. Replicated (DDP), the probe skips the all-reduce on all
+    but the last micro batch of a step (probe/rank/ppo.py `_no_sync`), which verl does with
+    use_no_sync_for_gradient_accumulation=true (engine/fsdp/transformer_impl.py `_gradient_sync_context`;
+    fsdp_size 1: one replica per GPU). Sharded (FSDP2), the probe reduce-scatters every micro batch: verl's
+    `false` (with `true` it would keep each micro batch's unsharded gradients until the last)."""
+    return not job.config.sharded
 
 
 def _critic(job: Job) -> bool:
@@ -389,11 +407,13 @@ ROUTES: tuple[Route, ...] = (
         "num_rollout_workers",
         (
             Key(
-                "data.dataloader_num_workers", _c("num_rollout_workers"), reaches=("data.loader.num_workers",)
+                "data.dataloader_num_workers",
+                lambda job: job.worker_count,
+                reaches=("data.loader.num_workers",),
             ),
             Key(
                 f"{AR}.rollout.agent.num_workers",
-                lambda job: agent_workers(job.config),
+                lambda job: agent_workers(job.config, job.worker_count),
                 reaches=("agent_loop.num_workers",),
             ),
         ),
@@ -547,18 +567,18 @@ JOB_ROUTES: tuple[Route, ...] = (
         ),
     ),
     Route(
-        "training engine",  # FSDP2, gradients reduced every micro-batch, as the probe's FSDP does
+        "training engine",  # FSDP2, gradients reduced as the probe reduced them (no_sync_as_probed)
         (
             Key(f"{AR}.actor.strategy", lambda job: "fsdp2", reaches=("actor.engine.strategy",)),
             Key("critic.strategy", lambda job: "fsdp2", _critic, ("critic.engine.strategy",)),
             Key(
                 f"{AR}.actor.fsdp_config.use_no_sync_for_gradient_accumulation",
-                lambda job: False,
+                no_sync_as_probed,
                 reaches=("actor.engine.use_no_sync_for_gradient_accumulation",),
             ),
             Key(
                 f"{CRITIC_ENGINE}.use_no_sync_for_gradient_accumulation",
-                lambda job: False,
+                no_sync_as_probed,
                 _critic,
                 ("critic.engine.use_no_sync_for_gradient_accumulation",),
             ),

@@ -133,7 +133,15 @@ def _measured_verdict(
         fix = first_aid(_calibrated_on(model, config, peak), config, card.limit, lengths)
     line = f"{said} {VERDICT_WORDS[verdict]} {card.label}{_headroom(card, verdict)}; {beside}"
     found = [Finding("memory", line, fix, severity=SEVERITY[verdict])]
-    return found + rollout_pool_findings(target, card.bytes, resident_bytes(estimate)), info
+    resident = min(peak, _resident(model, config))  # the states never exceed the measured peak
+    return found + rollout_pool_findings(target, card.bytes, resident), info
+
+
+def _resident(model: MemoryModel, config: ProbeConfig) -> int:
+    """The training states that stay on the GPU while vLLM generates (formats/rollout.py: weights and Adam's
+    states; verl frees the gradients after a step), plus the runtime: what the rollout share meets."""
+    found = model.breakdown(config)
+    return int(model.constant + found.weights + found.optimizer)
 
 
 def _calibrated_on(model: MemoryModel, config: ProbeConfig, peak: int) -> MemoryModel:
@@ -170,7 +178,7 @@ def _predicted_verdict(
     found += _at_the_limits(model, config, card, verdict, info)
     if verdict == "over":
         return found, info
-    return found + rollout_pool_findings(target, card.bytes, resident_bytes(estimate)), info
+    return found + rollout_pool_findings(target, card.bytes, _resident(model, config)), info
 
 
 def _at_the_limits(
@@ -260,16 +268,9 @@ def _lengths(config: ProbeConfig, report: LengthReport | None) -> tuple[int, int
     return shorter_lengths(config, report.suggested_prompt_length, report.suggested_response_length)
 
 
-def resident_bytes(estimate: MemoryEstimate) -> int:
-    """What stays on the GPU while vLLM generates: the runtime and the training states (weights, gradients,
-    Adam's states, as held). The training passes' transients are freed by then: the pool meets the states,
-    not the training peak."""
-    return int(estimate.constant + sum(estimate.states.values()))
-
-
 def rollout_pool_findings(target: Target, card_bytes: float, resident_bytes: float) -> list[Finding]:
     """The rollout engine's share of the card must fit beside the training states (vLLM refuses to start
-    otherwise); judged against the training peak (measured when the verdict is the measurement's)."""
+    otherwise); judged against the training states resident while it generates (`_resident`)."""
     utilization = getattr(target.engine, "gpu_memory_utilization", None)
     if not isinstance(utilization, (int, float)) or isinstance(utilization, bool):
         return []

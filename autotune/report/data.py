@@ -18,13 +18,22 @@ import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.formats.rollout import RolloutEngine, rollout_engine
-from autotune.formats.seed_yaml import seed_document, seed_yaml
+from autotune.errors import UserError
+from autotune.formats.rollout import (
+    VERL_DEFAULT_WORKERS,
+    RolloutEngine,
+    recorded_resident_bytes,
+    rollout_engine,
+)
+from autotune.formats.seed_yaml import VERL_EXPORT, seed_document, seed_yaml
 from autotune.formats.trl import trl_config_text
 from autotune.formats.verl import VerlOverrides, verl_overrides
+from autotune.formats.verl_defaults import ExportedKnob, exported_knobs
 from autotune.memory.advice import remedies
 from autotune.memory.budget import Budget
+from autotune.memory.model import DEVICES, PRIORS, Architecture, predict_components
 from autotune.models.names import verl_model_path
+from autotune.models.registry import resolve_model
 from autotune.probe.conditions import disturbance, worst_disturbance
 from autotune.report import gain, pick
 from autotune.report.selection import Selection, select
@@ -106,6 +115,7 @@ class ReportData:
     near_misses: list[NearMiss] = field(default_factory=list)
     disturbed: list[tuple[FrozenTrial, str]] = field(default_factory=list)  # probes other work slowed
     trl_config: str | None = None  # trl_config.yaml, for a study whose target is TRL
+    verl_knobs: list[ExportedKnob] = field(default_factory=list)  # each exported key beside verl's default
 
     @property
     def complete(self) -> list[FrozenTrial]:
@@ -128,13 +138,20 @@ def build_report(
     ) or plan.gpus
     plan = dataclasses.replace(plan, gpus=int(measured_gpus))  # the GPUs the winner was measured on
     document = verl = engine = figures = trl_config = None
+    verl_knobs: list[ExportedKnob] = []
     if chosen is not None:
         config = trial_config_of(chosen)
         figures = gain.headline(study, chosen)
         engine = engine_for(chosen, config, plan, budget, figures.peak_bytes)
         measured = measured_block(chosen, study.study_name, plan.gpus, budget, created, figures)
         document = seed_document(config, plan.model, plan.reward_model, measured, engine, gpus=plan.gpus)
-        verl = verl_overrides(config, plan.gpus, verl_model_path(plan.model), engine)
+        verl = verl_overrides(
+            config, plan.gpus, verl_model_path(plan.model), engine, workers=exported_workers(plan)
+        )
+        verl_knobs = exported_knobs(verl.values, engine, plan.settings.get("engine") == "verl")
+        figures_block = document.pop("measured")  # kept last, after the verl keys
+        document[VERL_EXPORT] = {knob.key: knob.to_dict() for knob in verl_knobs}
+        document["measured"] = figures_block
         if plan.target == "trl":
             device = (chosen.user_attrs.get(Attr.RESULT) or {}).get("device", "cuda")
             trl_config = trl_config_text(config, plan.gpus, verl_model_path(plan.model), device)
@@ -152,6 +169,7 @@ def build_report(
         verl=verl,
         trl_config=trl_config,
         engine=engine,
+        verl_knobs=verl_knobs,
         created=created,
         advice={t.number: advice(t, budget) for t in selection.closest},
         remeasured=remeasured(study, trials),
@@ -172,8 +190,10 @@ def engine_for(
     trial: FrozenTrial, config: Any, plan: StudyPlan, budget: Budget, peak: float | None = None
 ) -> RolloutEngine:
     """The rollout engine beside the chosen config's training side: the card is the GPU the probe ran on
-    (its total memory), else the budget (an emulated card); the resident memory is the measured peak (the
-    highest of the config's measurements when given)."""
+    (its total memory), else the budget (an emulated card); the resident memory is the training states that
+    stay on the GPU while vLLM generates (formats/rollout.py), as the probe recorded them, else as the memory
+    model prices them, plus the runtime (the memory model's constant). `peak` is kept for callers; the whole
+    peak sizes nothing."""
     if plan.settings.get("engine") == "verl":  # exactly the engine the verl probe ran, sized by no rule
         engine = rollout_engine(
             config, plan.gpus, plan.rollout_engine, None, None, plan.model_parameters, plan.attention_heads
@@ -181,10 +201,36 @@ def engine_for(
         notes = tuple(note for note in engine.notes if "no card was known" not in note)
         return dataclasses.replace(engine, notes=(*notes, PROBED_BY_VERL))
     card = trial_environment(trial).get("gpu_memory_bytes") or budget.bytes
-    peak = float(trial.values[1]) if peak is None else float(peak)
+    result = trial.user_attrs.get(Attr.RESULT) or {}
+    device = result.get("device") or plan.settings.get("device") or "cuda"
+    states = recorded_resident_bytes(result)
+    if states is None:
+        states = modelled_resident_bytes(plan, config, device)
+    resident = None if states is None else states + PRIORS.get(device, PRIORS["cuda"])[0]
     return rollout_engine(
-        config, plan.gpus, plan.rollout_engine, card, peak, plan.model_parameters, plan.attention_heads
+        config, plan.gpus, plan.rollout_engine, card, resident, plan.model_parameters, plan.attention_heads
     )
+
+
+def exported_workers(plan: StudyPlan) -> int | None:
+    """The worker count the export writes: None (the configuration's own) where verl measured it (--engine
+    verl), else verl's default. The built-in probe's workers fit the probing machine's cores, not the
+    training node's, and verl's V1 spreads a step's prompts over its agent-loop workers."""
+    return None if plan.settings.get("engine") == "verl" else VERL_DEFAULT_WORKERS
+
+
+def modelled_resident_bytes(plan: StudyPlan, config: Any, device: str) -> int | None:
+    """The weights and optimizer states per GPU as the memory model prices them, for a probe that did not
+    record them; None for a model autotune cannot build."""
+    try:
+        actor = resolve_model(plan.model)
+        reward = resolve_model(plan.reward_model) if plan.reward_model not in (None, "function") else None
+        found = predict_components(
+            Architecture.from_specs(actor, reward), config, plan.gpus, device if device in DEVICES else "cuda"
+        )
+    except (UserError, OSError, ValueError, KeyError):
+        return None
+    return found.weights + found.optimizer
 
 
 def measured_block(
@@ -241,7 +287,8 @@ def best_config_yaml(report: ReportData) -> str:
 def config_yaml(report: ReportData) -> str:
     """The recommended configuration alone, as YAML in the seed's schema: what a user copies."""
     assert report.best_config is not None, "no recommendation to write"
-    return seed_yaml({key: value for key, value in report.best_config.items() if key != "measured"}, "")
+    shown = {key: value for key, value in report.best_config.items() if key not in ("measured", VERL_EXPORT)}
+    return seed_yaml(shown, "")
 
 
 def advice(trial: FrozenTrial, budget: Budget) -> list[str]:

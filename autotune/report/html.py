@@ -18,6 +18,7 @@ from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global fig
 
 from autotune.report.data import config_yaml
 from autotune.report.tables import (
+    VERL_DEFAULTS_LEAD,
     Table,
     closest_table,
     conditions_lines,
@@ -37,6 +38,7 @@ from autotune.report.tables import (
     study_lines,
     trials_table,
     verdict_line,
+    verl_defaults_table,
     verl_lines,
 )
 from autotune.status import Attr, Status
@@ -389,6 +391,17 @@ def render_html(report: ReportData) -> str:
     study_text = "<br>".join(html.escape(line) for line in study_lines(report))
     sections = [
         _section("copy", "What to copy" if chosen else "What to change", _copy(report)),
+        *(
+            [
+                _section(
+                    "verl-defaults",
+                    "verl's keys beside verl's defaults",
+                    f"<p>{html.escape(VERL_DEFAULTS_LEAD)}</p>" + html_table(verl_defaults_table(report)),
+                )
+            ]
+            if report.verl_knobs
+            else []
+        ),
         _section("gains", "Gain over the hand-made configs", html_table(gains_table(report))),
         *(
             [

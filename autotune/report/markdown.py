@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from autotune.report.data import config_yaml
 from autotune.report.tables import (
+    VERL_DEFAULTS_LEAD,
     Table,
     closest_table,
     conditions_lines,
@@ -24,6 +25,7 @@ from autotune.report.tables import (
     study_lines,
     trials_table,
     verdict_line,
+    verl_defaults_table,
     verl_lines,
 )
 
@@ -50,6 +52,9 @@ def render_markdown(report: ReportData) -> str:
     parts += [f"\n> {line}\n" for line in conditions_lines(report)]
     parts += ["\n## What to copy\n\n" if report.selection.chosen else "\n## What to change\n\n"]
     parts += _recommendation_md(report)
+    if report.verl_knobs:
+        parts += ["\n## verl's keys beside verl's defaults\n\n", f"{VERL_DEFAULTS_LEAD}\n\n"]
+        parts += [md_table(verl_defaults_table(report))]
     parts += ["\n## Gain over the hand-made configs\n\n", md_table(gains_table(report))]
     if report.near_misses:
         parts += ["\n## Near misses: faster, but not picked\n\n", md_table(near_miss_table(report))]

@@ -11,6 +11,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.config.knobs import ProbeConfig
 from autotune.formats.rollout import RULES
+from autotune.formats.verl import format_value
 from autotune.formats.verl_table import not_verl_knobs
 from autotune.models.names import verl_model_path
 from autotune.probe.conditions import worst_disturbance
@@ -47,6 +48,8 @@ __all__ = [
     "transfer_line",
     "trials_table",
     "verdict_line",
+    "verl_default_lines",
+    "verl_defaults_table",
     "verl_lines",
 ]
 
@@ -305,6 +308,29 @@ def verl_lines(report: ReportData) -> list[str]:
     if report.verl is not None:
         lines += report.verl.notes
     return lines
+
+
+VERL_DEFAULTS_LEAD = (
+    "Each key verl_overrides.txt writes, beside verl 0.9.1's default and why the value differs: measured "
+    "(the probe ran the job with it), memory (sized from the training states resident while vLLM "
+    "generates), rule (a stated rule), the job (GPUs, model, rollout engine)."
+)
+
+
+def verl_defaults_table(report: ReportData) -> Table:
+    """The exported keys beside verl's defaults: those that differ first, in the file's order."""
+    knobs = sorted(report.verl_knobs, key=lambda knob: not knob.differs)
+    rows = [[k.key, format_value(k.value), format_value(k.default), k.why] for k in knobs]
+    return ["verl key", "exported", "verl's default", "why"], rows
+
+
+def verl_default_lines(report: ReportData) -> list[str]:
+    """For the terminal: the exported keys a rule or the memory set away from verl's defaults."""
+    return [
+        f"  {k.key}={format_value(k.value)} (verl's default {format_value(k.default)}): {k.why}"
+        for k in report.verl_knobs
+        if k.differs and not k.why.startswith(("measured", "the job", "verl's default"))
+    ]
 
 
 def launch_line(report: ReportData, overrides: str = "verl_overrides.txt") -> str:

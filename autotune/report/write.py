@@ -46,6 +46,7 @@ from autotune.report.tables import (
     remeasured_line,
     trainer_of,
     verdict_line,
+    verl_default_lines,
 )
 from autotune.status import Attr
 from autotune.study.plan import StudyPlan
@@ -203,6 +204,9 @@ def summary_lines(report: ReportData, out_dir: Path, files: dict[str, Path]) -> 
         lines += gain_lines(report) + conditions_lines(report)
         lines += ["configuration (best_config.yaml):"]
         lines += ["  " + line for line in config_yaml(report).splitlines()]
+        if differing := verl_default_lines(report):
+            lines += ["set away from verl's defaults by rule or memory (report.md lists every key):"]
+            lines += differing
     lines += ["files:"] + [f"  {path.resolve()}" for name, path in files.items() if name != "report.md"]
     run_log = out_dir / "run.log"
     if run_log.exists():
