@@ -125,6 +125,46 @@ POINTS: list[tuple[str, str, str, int, dict]] = [
         1,
         {"micro_batch_size": 16, "gradient_accumulation_steps": 1, "max_response_length": 64},
     ),
+    # verl's dynamic batch size: micro batches cut by token budgets (packed whole sequences at the limits)
+    ("dyn-b96", "tiny-llama", "function", 1, {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 96}),
+    (
+        "dyn-b384-lp768",
+        "tiny-llama",
+        "function",
+        1,
+        {
+            "micro_batch_size": 4,
+            "use_dynamic_bsz": True,
+            "ppo_max_token_len_per_gpu": 384,
+            "log_prob_max_token_len_per_gpu": 768,
+        },
+    ),
+    (
+        "dyn-r64-b1024-lora",
+        "tiny-llama",
+        "function",
+        1,
+        {
+            "micro_batch_size": 16,
+            "gradient_accumulation_steps": 1,
+            "max_response_length": 64,
+            "use_lora": True,
+            "use_dynamic_bsz": True,
+            "ppo_max_token_len_per_gpu": 1024,
+        },
+    ),
+    (
+        "qwen-dyn-b480",
+        "tiny-qwen2",
+        "function",
+        1,
+        {
+            "micro_batch_size": 16,
+            "gradient_accumulation_steps": 1,
+            "use_dynamic_bsz": True,
+            "ppo_max_token_len_per_gpu": 480,
+        },
+    ),
 ]
 
 
