@@ -235,6 +235,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert "percentile" in _error_line(
         capsys, str(tmp_path / "ok.jsonl"), "--model", MODEL, "--percentiles", "x"
     )
+    # a response column of numbers would count their digits; one asked for by name that is all empty
+    _write_jsonl(
+        tmp_path / "scores.jsonl", [{"prompt": "a b", "response": 5}, {"prompt": "c", "response": 7}]
+    )
+    assert "holds int values (e.g. 5), not text" in _error_line(
+        capsys, str(tmp_path / "scores.jsonl"), "--model", MODEL
+    )
+    _write_jsonl(tmp_path / "blank.jsonl", [{"prompt": "a b", "answer": ""}, {"prompt": "c", "answer": " "}])
+    err = _error_line(capsys, str(tmp_path / "blank.jsonl"), "--model", MODEL, "--response-key", "answer")
+    assert "every response is empty" in err
 
 
 @pytest.mark.e2e

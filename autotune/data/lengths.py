@@ -259,6 +259,24 @@ def collect_texts(
     return texts
 
 
+def check_response_column(frame: pd.DataFrame, key: str, path: Path | str, given: bool) -> None:
+    """A response column holds text (or chat messages): numbers or booleans would be counted as the tokens
+    of their digits, a silent misreading. All empty: a column asked for by name is a mistake (one line); one
+    found by its common name prices responses at the limit, as no column does."""
+    values = [v for v in frame[key].tolist() if not _missing(v)]
+    odd = next((v for v in values if not isinstance(v, str | dict | list) and not hasattr(v, "tolist")), None)
+    if odd is not None:
+        raise UserError(
+            f"data file '{path}': response column {key!r} holds {type(odd).__name__} values (e.g. {odd!r}), "
+            f"not text: pass --response-key with the column of the responses' text"
+        )
+    if not values and given:
+        raise UserError(
+            f"data file '{path}': --response-key {key!r}: every response is empty; pass the column that "
+            f"holds the responses, or leave --response-key out to price responses at max_response_length"
+        )
+
+
 def _missing(value: Any) -> bool:
     """None, NaN, pandas' NA, or blank text (CSV and Parquet write all of them for an absent value)."""
     import pandas as pd
@@ -369,6 +387,8 @@ def measure_lengths(
     """Read, render and tokenize a dataset: the counts and the suggested limits (UserError on bad input)."""
     frame = read_records(Path(path))
     prompt, response = pick_keys(list(frame.columns), prompt_key, response_key)
+    if response is not None:
+        check_response_column(frame, response, path, given=response_key is not None)
     from autotune.models.registry import (
         resolve_model,  # torch and transformers: only once the data is readable
     )
