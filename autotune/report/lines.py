@@ -55,7 +55,8 @@ LEGEND = (
 )
 VERL_WORDS = (  # verl's short names explained: in the run's legend and under the report's tables
     ", ".join(f"{short} {words}" for short, _, words in VERL_SHORT)
-    + ", dyn dynamic batch size with its tokens per GPU (m, g and lm then unread)"
+    + ", dyn dynamic batch size with the update's tokens per GPU (m, g and lm then unread), lp and cr the "
+    + "forward passes' and the critic's (the update's when not shown)"
 )
 VERL_LEGEND = f"; verl's own knobs, when set: {VERL_WORDS}"  # added to LEGEND for an --engine verl study
 
@@ -82,6 +83,12 @@ def verl_short(config: ProbeConfig) -> str:
     parts = [f"{short}{value:g}" for short, attr, _ in VERL_SHORT if (value := getattr(config, attr))]
     if config.use_dynamic_bsz:
         parts.append(f"dyn{config.ppo_max_token_len_per_gpu or ''}")
+        for short, budget in (
+            ("lp", config.log_prob_max_token_len_per_gpu),
+            ("cr", config.critic_max_token_len_per_gpu),
+        ):
+            if budget:
+                parts.append(f"{short}{budget}")
     return " ".join(parts)
 
 

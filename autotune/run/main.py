@@ -100,7 +100,8 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
             narrator.say(f"enqueued the hand-made configs first: {', '.join(seeded)}", markup=False)
         for line in unfit_seed_lines(space, seeded) if fresh else []:
             narrator.say(line, markup=False)
-        narrator.say(LEGEND + (VERL_LEGEND if options.engine == "verl" else ""), markup=False)
+        verl_knobs = options.engine == "verl" or bool(space.verl_knobs)
+        narrator.say(LEGEND + (VERL_LEGEND if verl_knobs else ""), markup=False)
         pending = out_dir / PENDING_FILE
         tuner = Tuner(
             study, space, settings, job.budget, job.memory_model, storage_url=storage, pending_path=pending
