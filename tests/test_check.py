@@ -396,7 +396,9 @@ def test_model_ids_map_to_registry_names():
     assert registry_name("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T") == "tinyllama-1.1b"
     assert registry_name("Qwen/Qwen2.5-7B-Instruct") == "qwen2.5-7b"
     assert registry_name("OpenAssistant/reward-model-deberta-v3-large") == "deberta-v3-large"
-    assert registry_name("Qwen/Qwen2.5-3B") is None and registry_name("mistralai/Mistral-7B") is None
+    assert registry_name("Qwen/Qwen2-7B-Instruct") == "qwen2-7b"  # Qwen2, not Qwen2.5
+    assert registry_name("deepseek-ai/deepseek-llm-7b-chat") == "deepseek-llm-7b"
+    assert registry_name("Qwen/Qwen2.5-14B") is None and registry_name("mistralai/Mistral-7B") is None
 
 
 def test_unknown_model_is_a_note_and_model_overrides(tmp_path):
