@@ -55,24 +55,25 @@ def measure(config: ProbeConfig) -> dict[str, Any]:
     tracker counts of the same real tensors (the tracer's counting without fake tensors)."""
     import torch
 
+    from autotune.config.lengths import JobLengths
     from autotune.models.registry import resolve_model
     from autotune.probe.rank import ppo
     from autotune.probe.rank.measure import peak_rss_bytes, reset_peak, state_bytes
     from autotune.probe.rank.models import build_models
     from autotune.probe.rank.process import return_freed_memory
-    from autotune.probe.rank.trace import _passes, _resident, _rollout_batch, _traced_pass, _warm_up
+    from autotune.probe.rank.trace import _passes, _resident, _rollout_buffer, _traced_pass, _warm_up
 
     return_freed_memory()
     torch.manual_seed(0)
     cpu = torch.device("cpu")
     models = build_models(resolve_model(MODEL), None, config, cpu, 1)
     _warm_up(models, "cpu")
-    batch = _rollout_batch(config, 1)
-    resident = _resident(models, batch, "cpu", sharded=False)
-    ctx = ppo.StepContext(config, cpu, 1, pad_token_id=0)
+    resident = _resident(models, _rollout_buffer(config, 1), "cpu", sharded=False)
+    lengths = JobLengths()  # every sample at the limits, as the trace's default
+    ctx = ppo.StepContext(config, cpu, 1, pad_token_id=0, lengths=lengths)
     added: dict[str, int] = {}
     tracked: dict[str, int] = {}
-    for name, model, optimizer, run in _passes(models, ctx, batch, config, 1):
+    for name, model, optimizer, run in _passes(models, ctx, config, 1, lengths):
         # plain eager first: any dispatch mode (the tracker's included) changes what eager allocates
         reset_peak("cpu")
         start = _rss()

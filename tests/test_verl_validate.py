@@ -129,7 +129,8 @@ def test_verl_validates_the_exported_job(verdicts, name):
         assert engine["strategy"] == "fsdp2", (model, engine)
         assert engine["fsdp_size"] == (-1 if config.sharded else 1)
         assert engine["reshard_after_forward"] == (config.sharding != "shard_grad_op")
-        assert engine["use_no_sync_for_gradient_accumulation"] is False
+        # as the probe reduced: DDP skips the all-reduce on all but the last micro batch, FSDP reduces each
+        assert engine["use_no_sync_for_gradient_accumulation"] is (not config.sharded)
         assert engine["model_dtype"] == ("bf16" if config.use_lora else "fp32")
         for knob in ("param_offload", "optimizer_offload", "offload_policy"):
             assert engine[knob] == getattr(config, knob), (model, knob)
@@ -177,8 +178,12 @@ def test_the_reports_own_files_start_verl_and_say_the_same_job(tmp_path):
     write_report(standard_study(), out, BUDGET, plan=StudyPlan(model="tiny-llama", gpus=1))
     model = write_model_dir("tiny-llama", tmp_path / "tiny-llama")
     seed, verl = read_target(out / "best_config.yaml"), read_target(out / "verl_overrides.txt")
-    # the same job; verl has no rollout batch (a step's prompts generate together): it reads back as T
-    same = dataclasses.replace(seed.config, rollout_batch_size=seed.config.train_batch_size)
+    # the same job; verl has no rollout batch (a step's prompts generate together): it reads back as T; the
+    # dataloader workers are verl's default 8 (the built-in probe does not measure them; best_config.yaml
+    # keeps the probe's)
+    same = dataclasses.replace(
+        seed.config, rollout_batch_size=seed.config.train_batch_size, num_rollout_workers=8
+    )
     assert dataclasses.asdict(verl.config) == dataclasses.asdict(same)
     assert verl.engine == seed.engine
     lines = (out / "verl_overrides.txt").read_text().splitlines()
