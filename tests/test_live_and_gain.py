@@ -99,6 +99,11 @@ def test_a_trial_line_names_verls_own_knobs_when_set():
     share = dataclasses.replace(base, gpu_memory_utilization=0.4, max_num_seqs=256)
     verl = dataclasses.replace(share, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=4096)
     assert short_config(verl).endswith(" gmu0.4 seqs256 dyn4096")
+    # the forward passes' and the critic's budgets where set: trials that differ there read apart
+    budgets = dataclasses.replace(
+        verl, log_prob_max_token_len_per_gpu=8192, critic_max_token_len_per_gpu=2048
+    )
+    assert short_config(budgets).endswith(" dyn4096 lp8192 cr2048")
 
 
 def test_eta_goes_by_this_runs_pace_else_by_the_studys_earlier_probes():
