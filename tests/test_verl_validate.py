@@ -178,12 +178,10 @@ def test_the_reports_own_files_start_verl_and_say_the_same_job(tmp_path):
     write_report(standard_study(), out, BUDGET, plan=StudyPlan(model="tiny-llama", gpus=1))
     model = write_model_dir("tiny-llama", tmp_path / "tiny-llama")
     seed, verl = read_target(out / "best_config.yaml"), read_target(out / "verl_overrides.txt")
-    # the same job; verl has no rollout batch (a step's prompts generate together): it reads back as T; the
-    # dataloader workers are verl's default 8 (the built-in probe does not measure them; best_config.yaml
-    # keeps the probe's)
-    same = dataclasses.replace(
-        seed.config, rollout_batch_size=seed.config.train_batch_size, num_rollout_workers=8
-    )
+    # the same job; verl has no rollout batch (a step's prompts generate together): it reads back as T; both
+    # files say verl's default 8 dataloader workers (the built-in probe does not measure them)
+    assert seed.config.num_rollout_workers == 8
+    same = dataclasses.replace(seed.config, rollout_batch_size=seed.config.train_batch_size)
     assert dataclasses.asdict(verl.config) == dataclasses.asdict(same)
     assert verl.engine == seed.engine
     lines = (out / "verl_overrides.txt").read_text().splitlines()

@@ -11,7 +11,7 @@ import dataclasses
 import datetime as dt
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -144,10 +144,16 @@ def build_report(
         figures = gain.headline(study, chosen)
         engine = engine_for(chosen, config, plan, budget, figures.peak_bytes)
         measured = measured_block(chosen, study.study_name, plan.gpus, budget, created, figures)
-        document = seed_document(config, plan.model, plan.reward_model, measured, engine, gpus=plan.gpus)
-        verl = verl_overrides(
-            config, plan.gpus, verl_model_path(plan.model), engine, workers=exported_workers(plan)
+        workers = exported_workers(plan)
+        # best_config.yaml says what verl_overrides.txt says: verl's worker count where the probe did not
+        # measure it (the probing machine's is never handed back); TRL's file has no such field
+        written = (
+            config
+            if workers is None or plan.target == "trl"
+            else replace(config, num_rollout_workers=workers)
         )
+        document = seed_document(written, plan.model, plan.reward_model, measured, engine, gpus=plan.gpus)
+        verl = verl_overrides(config, plan.gpus, verl_model_path(plan.model), engine, workers=workers)
         verl_knobs = exported_knobs(verl.values, engine, plan.settings.get("engine") == "verl")
         figures_block = document.pop("measured")  # kept last, after the verl keys
         document[VERL_EXPORT] = {knob.key: knob.to_dict() for knob in verl_knobs}
