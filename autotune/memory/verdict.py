@@ -133,15 +133,14 @@ def _measured_verdict(
         fix = first_aid(_calibrated_on(model, config, peak), config, card.limit, lengths)
     line = f"{said} {VERDICT_WORDS[verdict]} {card.label}{_headroom(card, verdict)}; {beside}"
     found = [Finding("memory", line, fix, severity=SEVERITY[verdict])]
-    resident = min(peak, _resident(model, config))  # the states never exceed the measured peak
+    resident = min(peak, _resident(estimate))  # the states never exceed the measured peak
     return found + rollout_pool_findings(target, card.bytes, resident), info
 
 
-def _resident(model: MemoryModel, config: ProbeConfig) -> int:
+def _resident(estimate: MemoryEstimate) -> int:
     """The training states that stay on the GPU while vLLM generates (formats/rollout.py: weights and Adam's
     states; verl frees the gradients after a step), plus the runtime: what the rollout share meets."""
-    found = model.breakdown(config)
-    return int(model.constant + found.weights + found.optimizer)
+    return int(estimate.constant + estimate.states["weights"] + estimate.states["optimizer"])
 
 
 def _calibrated_on(model: MemoryModel, config: ProbeConfig, peak: int) -> MemoryModel:
@@ -178,7 +177,7 @@ def _predicted_verdict(
     found += _at_the_limits(model, config, card, verdict, info)
     if verdict == "over":
         return found, info
-    return found + rollout_pool_findings(target, card.bytes, _resident(model, config)), info
+    return found + rollout_pool_findings(target, card.bytes, _resident(estimate)), info
 
 
 def _at_the_limits(

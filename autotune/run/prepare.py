@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
-from autotune.config.knobs import BUDGET_KNOBS, ProbeConfig
+from autotune.config.knobs import ProbeConfig
 from autotune.config.numbers import MAX_SECONDS, is_int, parse_float
 from autotune.config.schema import show
 from autotune.errors import UserError
@@ -438,11 +438,7 @@ def check_trl_space(space: SearchSpace) -> None:
     from autotune.config.rules import raise_for
     from autotune.formats.trl import trl_findings
 
-    dynamic = [
-        n
-        for n in ("use_dynamic_bsz", *BUDGET_KNOBS)
-        if any(v not in (None, False) for v in space.knob(n).values())
-    ]
+    dynamic = [name for name in space.verl_knobs if name not in space.vllm_knobs]  # dynamic batch size
     if dynamic:
         raise UserError(
             f"{space.source}: knobs {', '.join(dynamic)} are verl's dynamic batch size: TRL's GRPOTrainer "

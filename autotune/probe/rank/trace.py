@@ -94,14 +94,6 @@ def _refuse(config: ProbeConfig, layout: str) -> None:
 # --- resident bytes ---------------------------------------------------------------------------------------
 
 
-def _storage_bytes(tensors: list[torch.Tensor]) -> int:
-    seen: dict[int, int] = {}
-    for tensor in tensors:
-        storage = tensor.untyped_storage()
-        seen[id(storage)] = storage.nbytes()
-    return sum(seen.values())
-
-
 def _reference_on_host(models: Any, layout: str, sharded: bool) -> int:
     """A GPU run keeps the sharded reference on the host (verl's forward-only engine): not device bytes."""
     if layout != "cuda" or not sharded or models.ref is None:
