@@ -12,12 +12,14 @@ import pytest
 import yaml
 from rich.console import Console
 
+from autotune.probe import conditions
 from autotune.probe.conditions import CpuWindow, disturbance, other_cores, worst_disturbance
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report import gain
 from autotune.report.lines import short_config, trial_line
 from autotune.report.write import write_report
 from autotune.run.live import Narrator, eta_text
+from autotune.run.slots import plan_slots
 from autotune.status import StudyAttr
 from autotune.study.plan import StudyPlan
 from autotune.study.trials import trial_config
@@ -55,6 +57,22 @@ def test_disturbance_speaks_only_when_other_work_matters():
     assert worst_disturbance([QUIET, BUSY, {"load": {"other_cores": 0.5, "cores": 2}}]) == (
         "other work kept up to 1.3 of 2 cores busy"
     )
+
+
+def test_busy_time_counts_only_the_cores_the_probe_may_run_on(tmp_path, monkeypatch):
+    """Work pinned to another core (taskset, a second probe slot) does not slow this probe: not counted."""
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice, in ticks
+    stat.write_text(
+        "cpu  700 0 300 900 0 0 0 0 0 0\ncpu0 100 0 100 800 0 0 0 0 0 0\ncpu1 600 0 200 100 0 0 0 0 0 0\n"
+    )
+    monkeypatch.setattr(conditions, "Path", lambda path: stat if path == "/proc/stat" else Path(path))
+    monkeypatch.setattr(conditions, "TICKS", 100)
+    monkeypatch.setattr(conditions.os, "sched_getaffinity", lambda pid: {0})
+    assert conditions.machine_busy_seconds() == 2.0  # cpu0's 200 busy ticks; cpu1's 800 are not ours
+    monkeypatch.setattr(conditions.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert conditions.machine_busy_seconds() == 10.0
+    assert plan_slots(2, 1, "cpu")[0].threads == 1  # two cores, two slots: one thread each
 
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads /proc (Linux)")

@@ -38,6 +38,7 @@ __all__ = [
     "same_job",
     "train_batch_fixes",
     "train_batch_step",
+    "usable_cores",
 ]
 
 ALGORITHMS = ("ppo", "grpo")
@@ -197,13 +198,19 @@ _BOOL_WORDS = {
 }
 
 
+def usable_cores() -> int:
+    """Logical cores this process may run on: its CPU affinity (taskset, a batch scheduler's binding), not
+    every core the machine has. Probes split these between their ranks."""
+    return max(1, len(os.sched_getaffinity(0)))
+
+
 def physical_cores() -> int:
     """Cores this process may use, counting physical cores only (the seed article: never more rollout workers
     than that)."""
     import psutil
 
     physical = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    return max(1, min(physical, len(os.sched_getaffinity(0))))
+    return max(1, min(physical, usable_cores()))
 
 
 def _field_types() -> dict[str, str]:

@@ -2,9 +2,10 @@
 
 A probe's samples/sec is only comparable with another's when both had the machine to themselves: on a shared
 2-core box a load of 6 made the same configuration 3x slower. So each probe records
-- on every device, the cores other work kept busy during the measured iterations: the machine's busy CPU
-  time (/proc/stat) less the CPU time of the probe's own ranks and their children, over the window's wall
-  time, with the 1-minute load average at the probe's start and end beside it;
+- on every device, the cores other work kept busy during the measured iterations: the busy CPU time of the
+  cores the probe may run on (/proc/stat, its CPU affinity) less the CPU time of the probe's own ranks and
+  their children, over the window's wall time, with the 1-minute load average at the probe's start and end
+  beside it;
 - on CUDA, the memory and utilisation the slot's GPUs showed before the probe's ranks started (NVML): what
   other processes held.
 `disturbance` says when that is enough to matter. Linux only; elsewhere the figures are absent.
@@ -41,15 +42,23 @@ GPU_OTHER_UTILIZATION = 10.0  # percent
 
 
 def machine_busy_seconds() -> float | None:
-    """CPU seconds all cores spent not idle since boot (/proc/stat's first line); None off Linux."""
+    """CPU seconds the cores this process may run on spent not idle since boot (/proc/stat's `cpuN` lines
+    of its affinity: work pinned to other cores does not slow the probe); None off Linux."""
     try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        lines = Path("/proc/stat").read_text().splitlines()
     except OSError:
         return None
+    mine = {f"cpu{core}" for core in os.sched_getaffinity(0)}
+    rows = [line.split() for line in lines if line.startswith("cpu")]
+    busy = [_busy_ticks(row[1:]) for row in rows if row[0] in mine]
+    return sum(busy) / TICKS if busy else None
+
+
+def _busy_ticks(fields: list[str]) -> int:
     values = [int(value) for value in fields]
     idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
     guest = sum(values[8:10]) if len(values) > 9 else 0  # already counted in user and nice
-    return (sum(values) - idle - guest) / TICKS
+    return sum(values) - idle - guest
 
 
 def _process_table() -> dict[int, tuple[int, float]]:
@@ -226,7 +235,7 @@ def worst_disturbance(environments: list[dict[str, Any]]) -> str:
 def disturbance(environment: dict[str, Any], cores: int | None = None) -> str:
     """What other work took during a probe when it is enough to matter, else ''."""
     load = environment.get("load") or {}
-    cores = cores or load.get("cores") or os.cpu_count() or 1
+    cores = cores or load.get("cores") or len(os.sched_getaffinity(0))
     said = []
     busy = load.get("other_cores")
     if busy is not None and busy >= max(OTHER_CORES_FLOOR, OTHER_CORES_SHARE * cores):

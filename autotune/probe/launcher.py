@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from autotune.config.knobs import ProbeConfig
+from autotune.config.knobs import ProbeConfig, usable_cores
 from autotune.probe import forkserver
 from autotune.probe.classify import classify
 from autotune.probe.conditions import gpu_others, load_average, other_cores
@@ -75,7 +75,7 @@ def _rank_env(rank: int, settings: ProbeSettings, port: int) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = settings.visible_devices  # LOCAL_RANK indexes into this slot's GPUs
     if settings.device == "cpu":
         # Split the cores between ranks (and concurrent probes) so a small machine is not oversubscribed.
-        threads = settings.threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
+        threads = settings.threads_per_rank or max(1, usable_cores() // world_size)
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     return env
 
@@ -236,7 +236,7 @@ def run_ranks(
             **result.environment,
             "load": {
                 "other_cores": other_cores([r.get("cpu") if r else None for r in rank_results]),
-                "cores": os.cpu_count(),
+                "cores": usable_cores(),
                 "load_1m_start": load_start,
                 "load_1m_end": load_average(),
                 **({"gpus": gpus} if gpus is not None else {}),

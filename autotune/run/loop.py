@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
 import signal
 import threading
 import time
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from autotune.config.knobs import usable_cores
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report import gain, pick
 from autotune.report.lines import short_config, side_line, trial_line
@@ -294,7 +294,7 @@ def probe_study(
         console.print(f"{len(slots)} probes at a time: " + "; ".join(slot.describe() for slot in slots))
     if oversubscribed(slots, tuner.space.gpus):
         console.print(
-            f"[yellow]{len(slots)} probes × {tuner.space.gpus} ranks exceed the {os.cpu_count()} cores: "
+            f"[yellow]{len(slots)} probes × {tuner.space.gpus} ranks exceed the {usable_cores()} cores: "
             f"timings will mostly measure waiting; lower --parallel[/yellow]"
         )
     deadline = time.monotonic() + time_budget if time_budget else None

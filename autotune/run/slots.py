@@ -13,6 +13,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+from autotune.config.knobs import usable_cores
 from autotune.errors import UserError
 from autotune.probe.contract import ProbeSettings
 
@@ -66,12 +67,12 @@ def plan_slots(
                 f"{len(gpus)} are visible ({','.join(gpus) or 'none'}); lower --parallel or --gpus"
             )
         return [Slot(i, tuple(gpus[i * world_size : (i + 1) * world_size])) for i in range(parallel)]
-    cores = cores or os.cpu_count() or 1
+    cores = cores or usable_cores()
     threads = max(1, cores // (parallel * world_size))
     return [Slot(i, threads=threads) for i in range(parallel)]
 
 
 def oversubscribed(slots: list[Slot], world_size: int, cores: int | None = None) -> bool:
     """CPU probes asking for more ranks than there are cores: their timings would mostly measure waiting."""
-    cores = cores or os.cpu_count() or 1
+    cores = cores or usable_cores()
     return slots[0].devices is None and len(slots) * world_size > cores

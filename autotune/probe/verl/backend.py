@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.config.knobs import ProbeConfig
+from autotune.config.knobs import ProbeConfig, usable_cores
 from autotune.models.names import verl_model_path
 from autotune.probe.conditions import gpu_others, load_average, visible_gpus
 from autotune.probe.contract import ProbeResult, ProbeSettings
@@ -136,7 +136,7 @@ def run_verl_probe(
         write_dataset(run.train_path, run.prompts, config.max_prompt_length, _prompt_counter(settings))
         # What others held of the slot's GPUs and the load before the run (other_cores needs the ranks' own
         # CPU time, which verl's Ray workers do not report: None here)
-        load: dict[str, Any] = {"other_cores": None, "cores": os.cpu_count(), "load_1m_start": load_average()}
+        load: dict[str, Any] = {"other_cores": None, "cores": usable_cores(), "load_1m_start": load_average()}
         gpus = gpu_others(settings.visible_devices) if settings.device == "cuda" else None
         started = time.monotonic()
         ending = _launch(run, run_dir, settings.timeout_seconds, cancel, watch.start())
