@@ -10,4 +10,11 @@ step() { echo "check.sh: $*" >&2; "$py" -m "$@"; }
 step ruff check .
 step ruff format --check .
 step mypy
-step pytest -q "$@"
+# pytest on up to 4 cores, one worker per core (tests/conftest.py pins each; a test file stays on one worker, so
+# its module fixtures are built once); AUTOTUNE_TEST_WORKERS=1 runs it in this process. The 15 slowest tests
+# close every run, so the next slowdown shows where it lands.
+workers=${AUTOTUNE_TEST_WORKERS:-$(nproc)}
+[ "$workers" -le 4 ] || workers=4
+parallel=()
+[ "$workers" -le 1 ] || parallel=(-n "$workers" --dist loadfile)
+step pytest -q "${parallel[@]}" --durations=15 "$@"

@@ -72,6 +72,45 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"cuda tests must also be marked e2e: {', '.join(unmarked)}")
 
 
+ALL_CORES = sorted(os.sched_getaffinity(0))  # before an xdist worker is pinned to its share
+
+
+def pytest_configure(config):
+    _pin_xdist_worker()
+
+
+@pytest.fixture(autouse=True)
+def _cores_asked(request) -> Iterator[None]:
+    """A `cores(n)` test gets the machine's cores back for its duration (it shares them with the other
+    worker, which only slows it); with fewer cores than n it skips and says why."""
+    marker = request.node.get_closest_marker("cores")
+    if marker is None:
+        yield
+        return
+    if len(ALL_CORES) < marker.args[0]:
+        pytest.skip(f"needs {marker.args[0]} cores; this machine has {len(ALL_CORES)}")
+    pinned = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, ALL_CORES)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, pinned)
+
+
+def _pin_xdist_worker() -> None:
+    """Under pytest-xdist (`-n N`), give each worker its own share of the cores. Every process a test starts
+    inherits it, and probes split only the cores they may run on (`usable_cores`): two workers' probes never
+    compete for one core, where torch's spinning threads would turn a 3 s probe into a timeout."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2:
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    index = int(worker[2:])
+    share = [core for position, core in enumerate(cores) if position % count == index % count]
+    os.sched_setaffinity(0, share or cores)
+
+
 def pytest_sessionstart(session):
     """matplotlib builds its font cache on first import and asks `fc-list` for the system's fonts where
     fontconfig is installed (Debian's chromium brings it): a process, which the fast tier refuses inside a
@@ -133,6 +172,24 @@ def probe_json(*args: str, timeout: float = 600) -> tuple[int, dict]:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture
+def cli_here(capsys, monkeypatch, tmp_path) -> Callable[..., subprocess.CompletedProcess]:
+    """The CLI's entry point in this process, in a fresh folder: for what the CLI says before it starts any
+    work (a one-line error, a parse). No interpreter start and no imports, so seconds become milliseconds; the
+    result reads like `run_cli`'s. A path that starts a process fails in the fast tier (see above)."""
+    from autotune.cli import main
+
+    monkeypatch.chdir(tmp_path)
+
+    def call(*args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        code = main(list(args))
+        said = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), code, said.out, said.err)
+
+    return call
 
 
 # PostgreSQL for the tests that share one study between processes: `./setup.sh test` (as root) provisions a

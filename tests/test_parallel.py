@@ -120,7 +120,7 @@ def test_a_worker_that_asked_too_late_stands_down(tmp_path):
 
 def test_heartbeat_that_goes_quiet_fails_the_trial_and_queues_it_again(tmp_path):
     url = f"sqlite:///{tmp_path / 'beat.db'}"
-    storage = make_storage(url, heartbeat_seconds=1, grace_seconds=4, on_stale=retry_stale_trial)
+    storage = make_storage(url, heartbeat_seconds=1, grace_seconds=2, on_stale=retry_stale_trial)
     study = optuna.create_study(storage=storage, study_name="s", directions=["maximize", "minimize"])
     trial = study.ask()
     trial.suggest_int("x", 0, 3)
@@ -128,7 +128,7 @@ def test_heartbeat_that_goes_quiet_fails_the_trial_and_queues_it_again(tmp_path)
     trial.set_user_attr("tuner_pid", 1)
     study._storage.record_heartbeat(trial._trial_id)
     assert recover_stale_trials(study) == []  # beating recently
-    time.sleep(6)
+    time.sleep(3)  # past the grace period
     assert recover_stale_trials(study) == [0]
     assert study.trials[0].state.name == "FAIL"
     assert study.trials[1].state.name == "WAITING" and study.trials[1].user_attrs["retry_of"] == 0

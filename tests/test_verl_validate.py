@@ -197,7 +197,7 @@ def test_the_verl_probes_command_composes_and_passes_validate_config(tmp_path):
     from autotune.probe.verl.command import verl_run
 
     model = write_model_dir("tiny-llama", tmp_path / "tiny-llama")
-    verdicts = {}
+    cases, runs = [], {}
     for name, config in (("ppo", PPO), ("grpo lora", dataclasses.replace(GRPO, use_lora=True, lora_r=8))):
         run = verl_run(
             config,
@@ -210,8 +210,9 @@ def test_the_verl_probes_command_composes_and_passes_validate_config(tmp_path):
             resident_bytes=0.0,
         )
         overrides = [arg for arg in run.argv[3:] if not arg.startswith("hydra.")]  # Hydra's own, not verl's
-        verdicts[name] = run_verl([{"name": name, "overrides": overrides}])[name]
-    for name, verdict in verdicts.items():
+        cases.append({"name": name, "overrides": overrides})
+        runs[name] = run
+    for name, verdict in run_verl(cases).items():  # one start of verl's environment for both
         assert verdict["ok"], (name, verdict)
         assert verdict["short_run"] == {
             "trainer.total_training_steps": 3,
@@ -223,8 +224,8 @@ def test_the_verl_probes_command_composes_and_passes_validate_config(tmp_path):
             "trainer.logger": ["console", "file"],
             "actor_rollout_ref.rollout.ignore_eos": True,
             "data.filter_overlong_prompts": False,
-            "data.train_files": str(run.train_path),
-            "ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH": str(run.metrics_path),
+            "data.train_files": str(runs[name].train_path),
+            "ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH": str(runs[name].metrics_path),
             "ray_kwargs.ray_init.address": "local",  # a Ray instance of its own, never a recorded cluster
             "ray_kwargs.ray_init._temp_dir": str(tmp_path / "run" / "ray"),
             "trainer.v1.sampler.sync_refill_failed_groups": False,
