@@ -29,6 +29,7 @@ from tests.conftest import REPO, wait_for
 pytestmark = pytest.mark.e2e
 RAY_SPACE = str(REPO / "tests" / "data" / "ray_space.yaml")
 STAND_IN = REPO / "tests" / "fake_verl"
+FAKES = REPO / "tests" / "fake_runners"
 SMALL = {"object_store_memory": 75 * 1024**2}  # Ray's minimum
 JOB = (  # ray_space.yaml's job at micro batch 2
     "--set train_batch_size=16 --set mini_batch_size=16 --set rollout_batch_size=16 --set micro_batch_size=2 "
@@ -170,6 +171,24 @@ def test_a_second_ctrl_c_kills_the_ranks_and_leaves_no_actor_or_placement_group(
         assert wait_for(lambda: not ranks(), timeout=10)  # and its rank went with its actor
     finally:
         ray.shutdown()
+
+
+def test_a_rank_host_hands_its_rank_the_job_and_the_data_prompts():
+    """The actor's work, outside Ray: the job file, --data's prompts written beside it, the rank's
+    rendezvous; what the rank left comes back, and its folder goes."""
+    from autotune.probe.cluster.host import RankHost
+
+    host = RankHost()
+    job = {"config": {}, "settings": {"prompts_file": "/the/driver's/path"}, "prompt_texts": ["a b", "c"]}
+    variables = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "10.0.0.9"}
+    host.start(str(FAKES / "echo_job.py"), job, {**variables, "MASTER_PORT": "29511"}, rank=1)
+    folder = host.folder
+    assert host.wait(60) == 0
+    left = host.finish()
+    assert left["code"] == 0 and left["result"]["prompts"] == ["a b", "c"]
+    assert left["result"]["job"]["settings"]["prompts_file"] == str(folder / "prompts.json")
+    assert "prompt_texts" not in left["result"]["job"]
+    assert left["result"]["env"] == {**variables, "MASTER_PORT": "29511"} and not folder.exists()
 
 
 def verl_probe(cluster, tmp_path, monkeypatch, capsys) -> tuple[int, dict, list[str]]:

@@ -49,8 +49,13 @@ class RankHost:
         }
 
     def start(self, program: str, job: dict[str, Any], variables: dict[str, str], rank: int) -> None:
-        """Start the rank: `program` is the driver's path to it, or (absent here) a runner of that name."""
+        """Start the rank: `program` is the driver's path to it, or (absent here) a runner of that name;
+        `job` the probe's job file, with --data's prompts (`prompt_texts`) when it has them."""
         self.rank, self.folder = rank, Path(tempfile.mkdtemp(prefix="autotune-rank-"))
+        if "prompt_texts" in job:  # --data's prompts, written here for the rank to read
+            prompts = self.folder / "prompts.json"
+            prompts.write_text(json.dumps(job.pop("prompt_texts")))
+            job = {**job, "settings": {**job["settings"], "prompts_file": str(prompts)}}
         job_path = self.folder / "job.json"
         job_path.write_text(json.dumps(job))
         path = program if Path(program).is_file() else str(runner_path(Path(program).name))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import threading
 import time
 from pathlib import Path
@@ -65,7 +66,9 @@ def run_cluster_probe(
     ranks_settings = dataclasses.replace(
         settings, visible_devices=None, threads_per_rank=1 if settings.device == "cpu" else None
     )
-    job = {"config": config.to_dict(), "settings": dataclasses.asdict(ranks_settings)}
+    job: dict[str, Any] = {"config": config.to_dict(), "settings": dataclasses.asdict(ranks_settings)}
+    if settings.prompts_file:  # --data's prompts travel with the job: the nodes need not share a disk
+        job["prompt_texts"] = json.loads(Path(settings.prompts_file).read_text())
     with reserved(settings, cancel) as group:
         if group is None:
             return _cancelled(config, settings, time.monotonic() - started)
