@@ -4,6 +4,7 @@ test_ray.py.)"""
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 from pathlib import Path
@@ -90,8 +91,12 @@ def test_a_cluster_must_hold_nodes_times_gpus_for_every_probe_at_once():
     with pytest.raises(UserError) as caught:
         check_fits(CLUSTER, "cuda", nodes=2, per_node=8)
     message = str(caught.value)
-    assert message.startswith("--nodes 2 --gpus 8: each probe needs 2 node(s) with 8 GPU(s) free")
-    assert "10.0.0.2 (bbbbbbbb) 8 GPU, 10.0.0.3 (cccccccc) 4 GPU" in message and "\n" not in message
+    assert message.startswith("--nodes 2 --gpus 8: each probe needs 2 node(s) with 8 GPU(s) (and a CPU per")
+    assert "10.0.0.2 (bbbbbbbb) 8 GPU, 32 CPU, 10.0.0.3 (cccccccc) 4 GPU, 32 CPU" in message
+    assert "\n" not in message
+    few_cpus = Cluster("x:1", (Node("e" * 56, "x", "x", cpus=2, gpus=8),))
+    with pytest.raises(UserError, match=re.escape("has 1 alive node(s): x (eeeeeeee) 8 GPU, 2 CPU")):
+        check_fits(few_cpus, "cuda", nodes=1, per_node=4)  # each GPU rank's actor holds a CPU too
     with pytest.raises(UserError, match="4 probes at once need 4 such places"):
         check_fits(CLUSTER, "cuda", nodes=1, per_node=4, parallel=4)
     with pytest.raises(UserError, match=r"2 CPU\(s\), one per rank, free"):

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from autotune.cli import main
-from tests.conftest import REPO, wait_for
+from tests.conftest import QUICK_SPACE, REPO, wait_for
 
 pytestmark = pytest.mark.e2e
 RAY_SPACE = str(REPO / "tests" / "data" / "ray_space.yaml")
@@ -298,9 +298,9 @@ def _raylet_of(pid: int, cluster) -> object | None:
 
 
 def test_a_node_lost_mid_probe_is_a_crash_naming_it_and_the_study_goes_on(cluster, tmp_path):
-    """Last: it takes one of the two nodes away. Two trials: the first hand-made config's probe loses its
-    node, the second's runs, then the first is tried again on the node left."""
-    argv = ["run", "--ray", cluster.address, "--space", RAY_SPACE, "--trials", "2", "--gain-rounds", "0"]
+    """Last: it takes one of the two nodes away. One trial of quick_space.yaml: its hand-made config's probe
+    loses its node, and is tried again on the node left."""
+    argv = ["run", "--ray", cluster.address, "--space", QUICK_SPACE, "--trials", "1", "--gain-rounds", "0"]
     argv += ["--device", "cpu", "--out", str(tmp_path), "--study", "s"]
     tuner = subprocess.Popen([sys.executable, "-m", "autotune", *argv], cwd=REPO, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
@@ -314,13 +314,12 @@ def test_a_node_lost_mid_probe_is_a_crash_naming_it_and_the_study_goes_on(cluste
     finally:
         tuner.kill()
     assert tuner.returncode == 0, output[-3000:]
-    first, large, retry = trials(tmp_path)  # the hand-made configs, then the first one again
+    first, retry = trials(tmp_path)  # the hand-made config, then the same again
     result = first.user_attrs["result"]
     assert first.user_attrs["status"] == "crashed" and first.state.name == "FAIL"
     assert short(lost) in result["lost_node"] and "was lost during the probe" in result["message"]
     assert short(lost) in result["message"]
-    assert large.user_attrs["status"] == "oom"  # the study went on
     assert retry.user_attrs["retry_of"] == first.number and retry.user_attrs["status"] == "ok"
     assert short(lost) not in retry.user_attrs["result"]["rank_nodes"][0]  # elsewhere: the node left
-    assert (tmp_path / "s" / "best_config.yaml").is_file()
+    assert (tmp_path / "s" / "best_config.yaml").is_file()  # the study went on to its report
     assert leftovers(cluster.address) == {"actors": [], "groups": []}

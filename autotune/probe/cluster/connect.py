@@ -67,8 +67,8 @@ class Node:
         return f"{self.name} ({self.id[:8]})"
 
     def slots(self, device: str) -> float:
-        """What a rank takes here: a GPU on CUDA, a CPU on CPU (each CPU rank is one process)."""
-        return self.gpus if device == "cuda" else self.cpus
+        """Ranks that fit here: each takes a CPU, and a GPU on CUDA (autotune.probe.cluster.placement)."""
+        return min(self.gpus, self.cpus) if device == "cuda" else self.cpus
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,10 @@ class Cluster:
     nodes: tuple[Node, ...]
 
     def describe(self, device: str) -> str:
-        unit = "GPU" if device == "cuda" else "CPU"
-        shown = ", ".join(f"{n.label} {n.slots(device):g} {unit}" for n in self.nodes) or "none"
+        def has(node: Node) -> str:
+            return f"{node.gpus:g} GPU, {node.cpus:g} CPU" if device == "cuda" else f"{node.cpus:g} CPU"
+
+        shown = ", ".join(f"{node.label} {has(node)}" for node in self.nodes) or "none"
         return f"{len(self.nodes)} alive node(s): {shown}"
 
     def node(self, node_id: str) -> Node | None:
@@ -157,7 +159,7 @@ def cluster_device(requested: str, cluster: Cluster) -> str:
 def check_fits(cluster: Cluster, device: str, nodes: int, per_node: int, parallel: int = 1) -> None:
     """Refuse, in one line, a probe (or `parallel` probes at once) the cluster cannot place: each probe takes
     `per_node` GPUs (CPUs on CPU) on each of `nodes` different nodes."""
-    unit = "GPU(s)" if device == "cuda" else "CPU(s), one per rank,"
+    unit = "GPU(s) (and a CPU per GPU)" if device == "cuda" else "CPU(s), one per rank,"
     able = [node for node in cluster.nodes if node.slots(device) >= per_node]
     places = sum(int(node.slots(device) // per_node) for node in cluster.nodes)
     if len(able) >= nodes and places >= nodes * parallel:

@@ -40,6 +40,7 @@ __all__ = ["run_cluster_probe"]
 WAIT_SECONDS = 1.0  # each actor answers the driver's wait at least this often
 START_SECONDS = 120.0  # for the actors to start (a Ray worker each) and say where they are
 ANSWER_SECONDS = 60.0  # for the actors to end their ranks, or for Ray to declare them dead
+END_SECONDS = 5.0  # the same, when the probe is being abandoned (Ctrl-C)
 STDERR_TAIL_CHARS = 4000
 FAILED_CODE = 1  # the exit code a rank whose actor is gone counts as, for the wait's grace
 
@@ -80,6 +81,10 @@ def run_cluster_probe(
             if places is not None and _start(ray, ranks, places, ranks_settings, str(program), job):
                 timed_out = _wait(ray, ranks, settings.timeout_seconds, cancel)
             _collect(ray, ranks)
+        except BaseException:  # Ctrl-C in `autotune probe`: end the ranks' process groups before the actors
+            with contextlib.suppress(BaseException):
+                _collect(ray, ranks, seconds=END_SECONDS)
+            raise
         finally:
             for actor in ranks.actors:
                 with contextlib.suppress(Exception):
@@ -177,18 +182,23 @@ def _wait(ray: Any, ranks: Ranks, timeout: float, cancel: threading.Event | None
     return False
 
 
-def _collect(ray: Any, ranks: Ranks) -> None:
-    """Each live actor ends its rank and hands back what it left; one that does not answer within
-    ANSWER_SECONDS (its node dying: Ray declares it dead in that time) is gone."""
+def _collect(ray: Any, ranks: Ranks, seconds: float = 0.0) -> None:
+    """Each live actor ends its rank and hands back what it left; one that does not answer within `seconds`
+    (ANSWER_SECONDS: its node dying, Ray declares it dead in that time) is gone."""
     from ray.exceptions import GetTimeoutError, RayError
 
-    asked = {r: a.finish.remote() for r, a in enumerate(ranks.actors) if r not in ranks.gone}
-    deadline = time.monotonic() + ANSWER_SECONDS
+    seconds = seconds or ANSWER_SECONDS
+    asked = {
+        r: a.finish.remote()
+        for r, a in enumerate(ranks.actors)
+        if r not in ranks.gone.keys() | ranks.left.keys()
+    }
+    deadline = time.monotonic() + seconds
     for rank, ref in asked.items():
         try:
             ranks.left[rank] = ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
         except GetTimeoutError:
-            ranks.gone[rank] = TimeoutError(f"its actor did not answer within {ANSWER_SECONDS:.0f} s")
+            ranks.gone[rank] = TimeoutError(f"its actor did not answer within {seconds:.0f} s")
         except RayError as exc:
             ranks.gone[rank] = exc
 
