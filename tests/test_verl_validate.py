@@ -198,7 +198,12 @@ def test_the_verl_probes_command_composes_and_passes_validate_config(tmp_path):
 
     model = write_model_dir("tiny-llama", tmp_path / "tiny-llama")
     verdicts = {}
-    for name, config in (("ppo", PPO), ("grpo lora", dataclasses.replace(GRPO, use_lora=True, lora_r=8))):
+    cases = {
+        "ppo": (PPO, {}),
+        "grpo lora": (dataclasses.replace(GRPO, use_lora=True, lora_r=8), {}),
+        "ppo on a cluster's two nodes": (PPO, {"nodes": 2, "ray_address": "10.0.0.5:6379"}),
+    }
+    for name, (config, cluster) in cases.items():
         run = verl_run(
             config,
             world_size=2,
@@ -208,10 +213,12 @@ def test_the_verl_probes_command_composes_and_passes_validate_config(tmp_path):
             verl_python=str(VERL_PYTHON),
             card_bytes=80 * GIB,
             resident_bytes=0.0,
+            **cluster,
         )
         overrides = [arg for arg in run.argv[3:] if not arg.startswith("hydra.")]  # Hydra's own, not verl's
         verdicts[name] = run_verl([{"name": name, "overrides": overrides}])[name]
     for name, verdict in verdicts.items():
+        on_cluster = name.endswith("two nodes")
         assert verdict["ok"], (name, verdict)
         assert verdict["short_run"] == {
             "trainer.total_training_steps": 3,
@@ -225,9 +232,12 @@ def test_the_verl_probes_command_composes_and_passes_validate_config(tmp_path):
             "data.filter_overlong_prompts": False,
             "data.train_files": str(run.train_path),
             "ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH": str(run.metrics_path),
-            "ray_kwargs.ray_init.address": "local",  # a Ray instance of its own, never a recorded cluster
-            "ray_kwargs.ray_init._temp_dir": str(tmp_path / "run" / "ray"),
+            # a Ray instance of its own, never a recorded cluster; with --ray, the cluster autotune joined
+            "ray_kwargs.ray_init.address": "10.0.0.5:6379" if on_cluster else "local",
+            "ray_kwargs.ray_init._temp_dir": None if on_cluster else str(tmp_path / "run" / "ray"),
             "trainer.v1.sampler.sync_refill_failed_groups": False,
+            "trainer.nnodes": 2 if on_cluster else 1,
+            "trainer.n_gpus_per_node": 1 if on_cluster else 2,
         }, name
 
 
