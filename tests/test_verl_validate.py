@@ -197,8 +197,13 @@ def test_the_verl_probes_command_composes_and_passes_validate_config(tmp_path):
     from autotune.probe.verl.command import verl_run
 
     model = write_model_dir("tiny-llama", tmp_path / "tiny-llama")
+    configs = {
+        "ppo": (PPO, {}),
+        "grpo lora": (dataclasses.replace(GRPO, use_lora=True, lora_r=8), {}),
+        "ppo on a cluster's two nodes": (PPO, {"nodes": 2, "ray_address": "10.0.0.5:6379"}),
+    }
     cases, runs = [], {}
-    for name, config in (("ppo", PPO), ("grpo lora", dataclasses.replace(GRPO, use_lora=True, lora_r=8))):
+    for name, (config, cluster) in configs.items():
         run = verl_run(
             config,
             world_size=2,
@@ -208,11 +213,13 @@ def test_the_verl_probes_command_composes_and_passes_validate_config(tmp_path):
             verl_python=str(VERL_PYTHON),
             card_bytes=80 * GIB,
             resident_bytes=0.0,
+            **cluster,
         )
         overrides = [arg for arg in run.argv[3:] if not arg.startswith("hydra.")]  # Hydra's own, not verl's
         cases.append({"name": name, "overrides": overrides})
         runs[name] = run
-    for name, verdict in run_verl(cases).items():  # one start of verl's environment for both
+    for name, verdict in run_verl(cases).items():  # one start of verl's environment for all
+        on_cluster = name.endswith("two nodes")
         assert verdict["ok"], (name, verdict)
         assert verdict["short_run"] == {
             "trainer.total_training_steps": 3,
@@ -226,9 +233,12 @@ def test_the_verl_probes_command_composes_and_passes_validate_config(tmp_path):
             "data.filter_overlong_prompts": False,
             "data.train_files": str(runs[name].train_path),
             "ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH": str(runs[name].metrics_path),
-            "ray_kwargs.ray_init.address": "local",  # a Ray instance of its own, never a recorded cluster
-            "ray_kwargs.ray_init._temp_dir": str(tmp_path / "run" / "ray"),
+            # a Ray instance of its own, never a recorded cluster; with --ray, the cluster autotune joined
+            "ray_kwargs.ray_init.address": "10.0.0.5:6379" if on_cluster else "local",
+            "ray_kwargs.ray_init._temp_dir": None if on_cluster else str(tmp_path / "run" / "ray"),
             "trainer.v1.sampler.sync_refill_failed_groups": False,
+            "trainer.nnodes": 2 if on_cluster else 1,
+            "trainer.n_gpus_per_node": 1 if on_cluster else 2,
         }, name
 
 

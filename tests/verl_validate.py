@@ -87,6 +87,8 @@ SHORT_RUN_KEYS = (  # what autotune's verl probe sets for a short run (autotune/
     "ray_kwargs.ray_init.address",
     "ray_kwargs.ray_init._temp_dir",
     "trainer.v1.sampler.sync_refill_failed_groups",
+    "trainer.nnodes",  # and where: one node, or a Ray cluster's (autotune run --ray --nodes)
+    "trainer.n_gpus_per_node",
 )
 
 

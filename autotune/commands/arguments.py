@@ -27,6 +27,7 @@ __all__ = [
     "SECONDS",
     "SEED",
     "WARMUP",
+    "add_cluster_arguments",
     "add_command",
     "add_device_arguments",
     "add_engine_arguments",
@@ -81,7 +82,7 @@ def add_device_arguments(parser: argparse.ArgumentParser, override: bool = False
         "--gpus",
         type=RANKS,
         default=None if override else 1,
-        help="ranks per probe: GPUs on CUDA, gloo processes on CPU "
+        help="ranks per probe (per node with --nodes): GPUs on CUDA, gloo processes on CPU "
         + ("(default: the space's)" if override else "(default 1)"),
     )
     parser.add_argument(
@@ -126,14 +127,41 @@ def add_engine_arguments(parser: argparse.ArgumentParser, engine: bool = True) -
     )
 
 
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """--ray (probes on a Ray cluster), --nodes (a probe over several of its nodes), --placement-timeout."""
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run the probes on this Ray cluster: its head's HOST:PORT, or auto (the cluster this machine "
+        "belongs to); each probe's ranks are Ray actors, placed by Ray on nodes with the GPUs they need "
+        '(needs Ray: pip install "autotune-rl[ray]"; autotune installed on every node)',
+    )
+    parser.add_argument(
+        "--nodes",
+        type=RANKS,
+        default=1,
+        metavar="N",
+        help="nodes one probe spans, with --gpus GPUs on each (ranks = N x --gpus, one process group); "
+        "N > 1 needs --ray (default 1)",
+    )
+    parser.add_argument(
+        "--placement-timeout",
+        type=SECONDS,
+        default=300.0,
+        metavar="S",
+        help="with --ray: how long a probe waits for the cluster to place its ranks before the run stops "
+        "(exit 3, resumable; default 300)",
+    )
+
+
 def add_parallel_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--parallel",
         type=RANKS,
         default=1,
         metavar="P",
-        help="probes at a time, each on its own GPUs (P x --gpus must be visible); on CPU, P concurrent "
-        "probes sharing the cores (default 1)",
+        help="probes at a time, each on its own GPUs (P x --gpus must be visible, or fit the --ray "
+        "cluster); on CPU, P concurrent probes sharing the cores (default 1)",
     )
 
 

@@ -12,6 +12,7 @@ from autotune.commands.arguments import (
     SECONDS,
     SEED,
     WARMUP,
+    add_cluster_arguments,
     add_command,
     add_device_arguments,
     add_engine_arguments,
@@ -34,6 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "autotune probe --model tiny-llama --device cpu --set train_batch_size=16 "
             "--set mini_batch_size=8",
             "autotune probe --model qwen2.5-7b --gpus 2 --set micro_batch_size=8 --set use_lora=true --json",
+            "autotune probe --model qwen2.5-7b --ray auto --nodes 2 --gpus 4 --set micro_batch_size=8",
         ],
     )
     add_model_arguments(parser)
@@ -63,11 +65,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--seed", type=SEED, default=0, help="seed of the probe's sampling and prompts (default 0)"
     )
     add_engine_arguments(parser)
+    add_cluster_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from autotune.probe.cluster.connect import check_flags, on_cluster
+
+    check_flags(args.ray, args.nodes, args.engine)
+    with on_cluster(args.ray) as cluster:
+        return _probe(args, cluster)
+
+
+def _probe(args: argparse.Namespace, cluster) -> int:
     from autotune.config.knobs import ProbeConfig, parse_sets, resolve_mini_batch
     from autotune.config.rules import (
         config_findings,
@@ -79,15 +90,15 @@ def run(args: argparse.Namespace) -> int:
     from autotune.formats.trl import trl_findings
     from autotune.models.registry import resolve_model, resolve_reward_model
     from autotune.probe.contract import ProbeSettings
-    from autotune.probe.devices import resolve_device
     from autotune.probe.engines import check_engine_environment
     from autotune.probe.launcher import run_probe
     from autotune.report.console import print_probe_result, probing
     from autotune.status import Status
 
-    config = ProbeConfig(**resolve_mini_batch(parse_sets(args.sets), args.gpus))
-    raise_for(config_findings(config, args.gpus) + engine_findings(config, args.engine))  # before the model
-    device = resolve_device(args.device, args.gpus)
+    ranks = args.nodes * args.gpus  # --gpus on each node
+    config = ProbeConfig(**resolve_mini_batch(parse_sets(args.sets), ranks))
+    raise_for(config_findings(config, ranks) + engine_findings(config, args.engine))  # before the model
+    device = _device(args, cluster)
     raise_for(offload_findings(config, device))
     spec = resolve_model(args.model, args.weights, args.trust_remote_code)
     resolve_reward_model(args.reward_model)
@@ -100,7 +111,10 @@ def run(args: argparse.Namespace) -> int:
         reward_model=args.reward_model,
         weights=args.weights,
         device=device,
-        world_size=args.gpus,
+        world_size=ranks,
+        nodes=args.nodes,
+        ray_address=cluster.address if cluster is not None else None,
+        placement_timeout=args.placement_timeout,
         warmup_iterations=args.warmup,
         iterations=args.iterations,
         timeout_seconds=args.timeout,
@@ -109,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         trust_remote_code=args.trust_remote_code,
     )
     if args.engine == "trl":
-        raise_for(trl_findings(config, args.gpus))  # what TRL's GRPOConfig would refuse, before TRL starts
+        raise_for(trl_findings(config, ranks))  # what TRL's GRPOConfig would refuse, before TRL starts
     check_engine_environment(settings)  # verl's or TRL's environment: one line and exit 2 when it cannot run
     with probing(config, settings):
         result = run_probe(config, settings)
@@ -118,3 +132,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_probe_result(result)
     return EXIT_OK if result.status == Status.OK else EXIT_PROBLEM
+
+
+def _device(args: argparse.Namespace, cluster) -> str:
+    """This machine's device, or the Ray cluster's (checked to hold --nodes × --gpus)."""
+    if cluster is None:
+        from autotune.probe.devices import resolve_device
+
+        return resolve_device(args.device, args.gpus)
+    from autotune.probe.cluster.connect import check_fits, cluster_device
+
+    device = cluster_device(args.device, cluster)
+    check_fits(cluster, device, args.nodes, args.gpus)
+    return device

@@ -10,6 +10,7 @@ from autotune.commands.arguments import (
     ROUNDS,
     SECONDS,
     SEED,
+    add_cluster_arguments,
     add_command,
     add_device_arguments,
     add_engine_arguments,
@@ -41,6 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "autotune run --model llama-2-7b --gpus 2 --time-budget 8h",
             "autotune run --space seed-4xa100-40g-13b-fsdp --parallel 2 "
             "--storage journal:reports/13b.journal",
+            "autotune run --model qwen2-7b --ray auto --nodes 2 --gpus 8 --parallel 2",
         ],
     )
     parser.add_argument(
@@ -58,6 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     _add_recipe_arguments(parser)
     add_parallel_argument(parser)
+    add_cluster_arguments(parser)
     _add_output_arguments(parser)
     add_engine_arguments(parser)
     parser.set_defaults(handler=run)

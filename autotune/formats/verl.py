@@ -131,8 +131,10 @@ def verl_overrides(
     model_path: str | None = None,
     engine: RolloutEngine | None = None,
     workers: int | None = None,
+    nodes: int = 1,
 ) -> VerlOverrides:
-    """verl 0.9.1 overrides for a measured config on one node of n_gpus GPUs (ValueError: invalid config).
+    """verl 0.9.1 overrides for a measured config on n_gpus GPUs, over `nodes` machines with as many on each
+    (ValueError: invalid config).
 
     The keys are the table's (autotune.formats.verl_table), each with the value the probe used: every key
     verl's V1 trainer builds its workers from, and those its config check requires; nothing for a knob verl
@@ -143,7 +145,9 @@ def verl_overrides(
         lines = "; ".join(f.line for f in broken)
         raise ValueError(f"cannot export an invalid configuration for {n_gpus} GPU(s): {lines}")
     engine = engine or RolloutEngine(max_model_len=config.sequence_length)
-    job = Job(config, n_gpus, model_path, engine, workers)
+    if nodes < 1 or n_gpus % nodes:
+        raise ValueError(f"{n_gpus} GPU(s) cannot be spread evenly over {nodes} node(s)")
+    job = Job(config, n_gpus, model_path, engine, workers, nodes)
     values = {key.name: key.value(job) for route in (*ROUTES, *JOB_ROUTES) for key in route.written(job)}
     return VerlOverrides(values, _notes(config, n_gpus, job.worker_count) + list(engine.notes))
 

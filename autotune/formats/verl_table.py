@@ -56,7 +56,7 @@ ADV_ESTIMATORS = {"ppo": "gae", "grpo": "grpo"}
 
 @dataclass(frozen=True)
 class Job:
-    """What one export is made of: the configuration, the GPUs of one node, the model's path as verl loads
+    """What one export is made of: the configuration, the GPUs (all nodes'), the model's path as verl loads
     it, and the rollout engine's settings (autotune.formats.rollout.RolloutEngine)."""
 
     config: ProbeConfig
@@ -67,6 +67,7 @@ class Job:
     # else verl's default (formats/rollout.py VERL_DEFAULT_WORKERS): the probing machine's cores are not
     # the training node's
     workers: int | None = None
+    nodes: int = 1  # the machines `gpus` are spread over, as many on each (verl's trainer.nnodes)
 
     @property
     def worker_count(self) -> int:
@@ -548,8 +549,12 @@ JOB_ROUTES: tuple[Route, ...] = (
     Route(
         "gpus",
         (
-            Key("trainer.n_gpus_per_node", lambda job: job.gpus, reaches=("trainer.resource_pool",)),
-            Key("trainer.nnodes", lambda job: 1, reaches=("trainer.resource_pool",)),
+            Key(
+                "trainer.n_gpus_per_node",
+                lambda job: job.gpus // job.nodes,
+                reaches=("trainer.resource_pool",),
+            ),
+            Key("trainer.nnodes", lambda job: job.nodes, reaches=("trainer.resource_pool",)),
         ),
     ),
     Route(

@@ -2,6 +2,7 @@
 
 __all__ = [
     "classify",
+    "cluster",
     "conditions",
     "contract",
     "devices",
@@ -9,6 +10,7 @@ __all__ = [
     "environment",
     "forkserver",
     "launcher",
+    "launching",
     "rank",
     "traced",
     "trl",

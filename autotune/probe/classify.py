@@ -7,6 +7,7 @@ not a string), but timeouts, signals, missing results and emulated budgets are j
 from __future__ import annotations
 
 import signal
+from collections.abc import Mapping
 from typing import Any
 
 from autotune.status import Status
@@ -33,16 +34,20 @@ def classify(
     peak_bytes: int,
     budget_bytes: int | None,
     device: str,
+    gone: Mapping[int, str] | None = None,
 ) -> tuple[str, str | None, str]:
     """Decide (status, oom_kind, message) for a finished probe. Pure, so it is tested on its own.
 
     Order matters: a rank that caught a real OOM explains the others' hang or crash, so it wins over
-    `timeout`; a timeout wins over exit codes (we killed the processes ourselves).
+    `timeout`; so does a rank whose host went away with it (`gone`: rank -> why, on a Ray cluster: its node
+    was lost, or its Ray worker died); a timeout wins over exit codes (we killed the processes ourselves).
     """
     for result in rank_results:
         if result and result.get("status") == Status.OOM:
             kind = result.get("oom_kind", "cuda" if device == "cuda" else "host")
             return Status.OOM, kind, result.get("message", "out of memory")
+    for rank, why in sorted((gone or {}).items()):
+        return Status.CRASHED, None, f"rank {rank}: {why}"
     if timed_out:
         return Status.TIMEOUT, None, "probe exceeded its wall-clock timeout; the process group was killed"
     for rank, code in enumerate(exit_codes):

@@ -49,6 +49,14 @@ class ProbeSettings:
     passes: str = "verl"
     # the job's token lengths (autotune.config.lengths.JobLengths.to_dict()); None: every sample at the limits
     lengths: dict[str, Any] | None = None
+    # A Ray cluster (--ray): its address as this tuner reached it; None: the ranks run on this machine
+    ray_address: str | None = None
+    nodes: int = 1  # machines a probe spans (--nodes); world_size = nodes × GPUs per node
+    placement_timeout: float = 300.0  # how long a probe waits for the cluster to place its ranks
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.world_size // self.nodes
 
 
 @dataclass
@@ -84,6 +92,10 @@ class ProbeResult:
     # True when the probe could not run for a reason outside the configuration (its fork server died):
     # the trial is retried, not recorded as a crash of the configuration.
     infrastructure: bool = False
+    # On a Ray cluster: the node each rank ran on (by rank), and the node lost during the probe, if one was
+    # (the trial is crashed and tried again once, on the nodes left)
+    rank_nodes: list[str] = field(default_factory=list)
+    lost_node: str | None = None
 
     @property
     def peak_memory_gib(self) -> float:

@@ -11,33 +11,34 @@ spawned as fresh processes; either way they behave the same to this module.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from dataclasses import asdict
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from autotune.config.knobs import ProbeConfig, usable_cores
 from autotune.probe import forkserver
-from autotune.probe.classify import classify
 from autotune.probe.conditions import gpu_others, load_average, other_cores
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.probe.forkserver import ForkedRank, ForkServerError
+from autotune.probe.launching import (
+    free_port,
+    kill_group,
+    look,
+    rank_variables,
+    read_json,
+    runner_path,
+    summarize,
+)
 from autotune.status import Status
-from autotune.units import GIB
 
-# After one rank fails, the others usually hang in a collective: give them this long to exit on their own.
-FAILURE_GRACE_SECONDS = 5.0
 POLL_SECONDS = 0.05
 STDERR_TAIL_CHARS = 4000
 
@@ -47,37 +48,8 @@ log = logging.getLogger(__name__)
 Rank = subprocess.Popen | ForkedRank  # both: pid, poll(), wait(), returncode
 
 
-def runner_path(name: str = "ppo_probe.py") -> Path:
-    """The runner program, from the checkout's `runners/` or the installed `autotune.runners` package."""
-    return Path(str(resources.files("autotune.runners").joinpath(name)))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _rank_env(rank: int, settings: ProbeSettings, port: int) -> dict[str, str]:
-    world_size = settings.world_size
-    env = dict(os.environ)
-    env.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONUNBUFFERED="1",
-    )
-    if settings.visible_devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = settings.visible_devices  # LOCAL_RANK indexes into this slot's GPUs
-    if settings.device == "cpu":
-        # Split the cores between ranks (and concurrent probes) so a small machine is not oversubscribed.
-        threads = settings.threads_per_rank or max(1, usable_cores() // world_size)
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    return env
+    return {**os.environ, **rank_variables(rank, settings, port)}
 
 
 def _spawn_ranks(
@@ -134,32 +106,15 @@ def _popen_ranks(
     return procs
 
 
-def kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
 def _wait(procs: list[Rank], timeout: float, cancel: threading.Event | None) -> bool:
     """Wait for every rank; returns True when the deadline passed. One failed rank starts a short grace."""
     deadline = time.monotonic() + timeout
-    while True:
-        codes = [p.poll() for p in procs]
-        if all(code is not None for code in codes) or (cancel is not None and cancel.is_set()):
-            return False
-        if any(code not in (None, 0) for code in codes):
-            deadline = min(deadline, time.monotonic() + FAILURE_GRACE_SECONDS)
-            if time.monotonic() >= deadline:
-                return False
-        elif time.monotonic() >= deadline:
-            return True
+    while not (cancel is not None and cancel.is_set()):
+        verdict, deadline = look([p.poll() for p in procs], deadline, time.monotonic())
+        if verdict is not None:
+            return verdict == "timeout"
         time.sleep(POLL_SECONDS)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    return False
 
 
 def _stderr_tail(out_dir: Path, world_size: int) -> str:
@@ -186,6 +141,10 @@ def run_probe(
         from autotune.probe.verl.backend import run_verl_probe
 
         return run_verl_probe(config, settings, cancel)
+    if settings.ray_address is not None:  # the ranks as Ray actors, placed on the cluster's nodes
+        from autotune.probe.cluster.launcher import run_cluster_probe
+
+        return run_cluster_probe(config, settings, program or runner_path(), cancel)
     if settings.engine == "trl":
         from autotune.probe.trl import trl_job, trl_python
 
@@ -226,7 +185,7 @@ def run_ranks(
             for proc in procs:
                 proc.wait()
         wall = time.monotonic() - started
-        rank_results = [_read_json(out_dir / f"result.rank{r}.json") for r in range(settings.world_size)]
+        rank_results = [read_json(out_dir / f"result.rank{r}.json") for r in range(settings.world_size)]
         # A rank we killed after the deadline has a meaningless exit code: only the timeout counts then.
         codes = [p.returncode for p in procs]
         result = summarize(
@@ -248,62 +207,3 @@ def run_ranks(
             result.infrastructure = True
             result.message = f"the fork server exited during the probe and took its ranks: {result.message}"
         return result
-
-
-def summarize(
-    config: ProbeConfig,
-    settings: ProbeSettings,
-    rank_results: list[dict[str, Any] | None],
-    exit_codes: list[int | None],
-    timed_out: bool,
-    wall_seconds: float,
-    stderr_tail: str,
-) -> ProbeResult:
-    budget = int(settings.memory_budget_gib * GIB) if settings.memory_budget_gib else None
-    peaks = [r["peak"] for r in rank_results if r and r.get("peak")]
-    peak_bytes = max((p["bytes"] for p in peaks), default=0)
-    status, oom_kind, message = classify(
-        exit_codes, rank_results, timed_out, peak_bytes, budget, settings.device
-    )
-    result = ProbeResult(
-        status=status,
-        oom_kind=oom_kind,
-        message=message,
-        memory_budget_bytes=budget,
-        wall_seconds=wall_seconds,
-        world_size=settings.world_size,
-        device=settings.device,
-        config=config.to_dict(),
-        rank_peaks=peaks,
-        peak_memory_bytes=peak_bytes,
-        peak_memory_source=peaks[0]["source"] if peaks else "",
-    )
-    if status != Status.OK:
-        result.stderr_tail = stderr_tail
-    lead = rank_results[0] if rank_results and rank_results[0] else None
-    if lead and lead.get("timing"):
-        _fill_timing(result, lead, config, rank_results)
-    return result
-
-
-def _fill_timing(result: ProbeResult, lead: dict[str, Any], config: ProbeConfig, ranks: list) -> None:
-    """Throughput from rank 0's wall times: every iteration ends on a barrier, so all ranks agree."""
-    timing = lead["timing"]
-    iterations = timing["iterations"]
-    mean_seconds = sum(iterations) / len(iterations)
-    result.iteration_seconds = mean_seconds
-    # train_batch_size samples per iteration; their tokens as packed (verl's passes: each rank's share once,
-    # in its forward pass), else every sample at prompt + response length, counted over all ranks
-    result.samples_per_sec = config.train_batch_size / mean_seconds
-    packed = [r["packing"]["forward"]["tokens"] for r in ranks if r and r.get("packing", {}).get("forward")]
-    tokens = sum(packed) if len(packed) == len(ranks) else config.train_batch_size * config.sequence_length
-    result.tokens_per_sec = tokens / mean_seconds
-    result.packing = lead.get("packing") or {}
-    result.phase_seconds = {k: sum(v) / len(v) for k, v in timing["phases"].items()}
-    result.measured_seconds = sum(iterations)
-    result.warmup_seconds = sum(timing.get("warmup", []))
-    # Start-up: interpreter, imports, process group, model build — everything but the iterations.
-    result.startup_seconds = max(0.0, result.wall_seconds - result.measured_seconds - result.warmup_seconds)
-    result.environment = lead.get("environment", {})
-    utils = [r["gpu_utilization"] for r in ranks if r and r.get("gpu_utilization") is not None]
-    result.gpu_utilization = sum(utils) / len(utils) if utils else None

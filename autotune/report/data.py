@@ -143,7 +143,7 @@ def build_report(
         config = trial_config_of(chosen)
         figures = gain.headline(study, chosen)
         engine = engine_for(chosen, config, plan, budget, figures.peak_bytes)
-        measured = measured_block(chosen, study.study_name, plan.gpus, budget, created, figures)
+        measured = measured_block(chosen, study.study_name, plan.gpus, budget, created, figures, plan.nodes)
         workers = exported_workers(plan)
         # best_config.yaml says what verl_overrides.txt says: verl's worker count where the probe did not
         # measure it (the probing machine's is never handed back); TRL's file has no such field
@@ -153,7 +153,9 @@ def build_report(
             else replace(config, num_rollout_workers=workers)
         )
         document = seed_document(written, plan.model, plan.reward_model, measured, engine, gpus=plan.gpus)
-        verl = verl_overrides(config, plan.gpus, verl_model_path(plan.model), engine, workers=workers)
+        verl = verl_overrides(
+            config, plan.gpus, verl_model_path(plan.model), engine, workers=workers, nodes=plan.nodes
+        )
         verl_knobs = exported_knobs(verl.values, engine, plan.settings.get("engine") == "verl")
         figures_block = document.pop("measured")  # kept last, after the verl keys
         document[VERL_EXPORT] = {knob.key: knob.to_dict() for knob in verl_knobs}
@@ -246,9 +248,11 @@ def measured_block(
     budget: Budget,
     created: str,
     figures: gain.Headline | None = None,
+    nodes: int = 1,
 ) -> dict[str, Any]:
     """The chosen config's figures for best_config.yaml, as the report's headline states them: a
-    confirmation's, else the mean samples/sec of its measurements and their highest peak."""
+    confirmation's, else the mean samples/sec of its measurements and their highest peak (`gpus` over all
+    `nodes`)."""
     result = trial.user_attrs.get(Attr.RESULT) or {}
     speed, peak = float(trial.values[0]), float(trial.values[1])
     if figures is not None:
@@ -269,6 +273,7 @@ def measured_block(
         "gpu": trial_environment(trial).get("gpu"),
         "device": result.get("device"),
         "gpus": gpus,
+        **({"nodes": nodes} if nodes > 1 else {}),
         "budget_gib": round(budget.bytes / GIB, 4),
         "headroom": budget.headroom,
         "trial_number": trial.number,

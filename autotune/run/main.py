@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -62,8 +63,17 @@ EXIT_INTERRUPTED = 130  # stopped by Ctrl-C or SIGTERM: the report holds what wa
 
 
 def run_study(options: RunOptions, console: Console | None = None) -> int:
-    console = console or Console(stderr=options.json)  # with --json, stdout carries the summary alone
-    job = prepare(options, console)
+    """`autotune run`: on this machine, or on the Ray cluster of --ray (joined for the whole run)."""
+    from autotune.probe.cluster.connect import check_flags, on_cluster
+
+    check_flags(options.ray, options.nodes, options.engine, options.target)
+    with on_cluster(options.ray) as cluster:
+        return _run_study(options, console or Console(stderr=options.json), cluster)
+
+
+def _run_study(options: RunOptions, console: Console, cluster: Any) -> int:
+    """with --json, stdout carries the summary alone (`console` writes to stderr)"""
+    job = prepare(options, console, cluster)
     space = job.space
     if options.study:
         study_name = check_study_name(options.study)
@@ -76,7 +86,7 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
         settings = dataclasses.replace(settings, prompts_file=str(prompts))
     storage = options.storage or default_storage_url(out_dir, options.parallel)
     check_parallel_safe(storage, options.parallel, by_default=options.storage is None)
-    slots = plan_slots(options.parallel, space.gpus, settings.device)
+    slots = plan_slots(options.parallel, space.gpus, settings.device, cluster=cluster is not None)
     with one_tuner_per_sqlite_study(storage, study_name):
         study = open_study(storage, study_name, options.seed)
         check_same_job(study, job.identity)

@@ -107,6 +107,9 @@ class RunOptions:
     trl_python: str | None = None
     search_unexported: bool = False  # search knobs verl does not read (the rollout batch) all the same
     target: str = "verl"  # the trainer the export is for (formats.target.TARGETS)
+    ray: str | None = None  # a Ray cluster's address (or "auto"): the probes run there
+    nodes: int = 1  # nodes one probe spans, --gpus on each
+    placement_timeout: float = 300.0  # how long a probe waits for the cluster to place it
 
 
 def default_study_name(space_name: str, model: str, gpus: int, fingerprint: str) -> str:
@@ -120,8 +123,11 @@ def passes_for(target: str) -> str:
     return "trl" if target == "trl" else "verl"
 
 
-def probe_settings(space, options: RunOptions, device: str) -> ProbeSettings:
+def probe_settings(space, options: RunOptions, device: str, cluster: Any = None) -> ProbeSettings:
     return ProbeSettings(
+        ray_address=cluster.address if cluster is not None else None,
+        nodes=options.nodes,
+        placement_timeout=options.placement_timeout,
         model=space.model,
         reward_model=space.reward_model,
         weights=options.weights,
@@ -176,12 +182,15 @@ def announce_verl(verl_python: str | None, device: str, console: Console) -> Non
         )
 
 
-def resolve_budget_gib(space, options: RunOptions, device: str) -> float:
-    """--memory-budget, else the space's, else the device's memory per rank."""
+def resolve_budget_gib(space, options: RunOptions, device: str, card_bytes: int | None = None) -> float:
+    """--memory-budget, else the space's, else the device's memory per rank (`card_bytes`: a Ray cluster's
+    GPU, read on its node)."""
     if options.memory_budget_gib:
         return options.memory_budget_gib
     if space.memory_budget_gib:
         return space.memory_budget_gib
+    if card_bytes:
+        return card_bytes / GIB
     if device == "cuda":
         import torch
 
@@ -208,19 +217,20 @@ class Prepared:
         return identity_fingerprint(self.identity)
 
 
-def prepare(options: RunOptions, console: Console) -> Prepared:
-    """Everything checked before the first probe: space, device, models, budget, settings, identity."""
+def prepare(options: RunOptions, console: Console, cluster: Any = None) -> Prepared:
+    """Everything checked before the first probe: space, device, models, budget, settings, identity.
+    `cluster`: the Ray cluster joined for --ray (autotune.probe.cluster.connect.Cluster), or None."""
     from autotune.config.rules import position_findings, raise_for
     from autotune.memory.model import Architecture
     from autotune.models.registry import resolve_model, resolve_reward_model
-    from autotune.probe.devices import device_label, resolve_device
+    from autotune.probe.devices import device_label
 
     space, lengths = resolve_space(options, console)
     check_engine_knobs(space, options.engine)
     if options.target == "trl" or options.engine == "trl":
         check_trl_space(space)
     space = hold_unexported(space, options.search_unexported, console, options.target)
-    device = resolve_device(options.device, space.gpus)
+    device, card = run_device(options, space, cluster)
     if options.engine == "verl":
         announce_verl(options.verl_python, device, console)
     if options.engine == "trl":
@@ -230,9 +240,9 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
     actor = resolve_model(space.model, options.weights, options.trust_remote_code)
     space = tensor_parallel_for_heads(space, actor, console)
     reward = resolve_reward_model(space.reward_model)
-    budget_gib = resolve_budget_gib(space, options, device)
+    budget_gib = resolve_budget_gib(space, options, device, card[1] if card else None)
     budget = Budget(int(budget_gib * GIB), space.headroom)
-    card = rollout_card_bytes(options.engine, device, budget)
+    rollout_card = rollout_card_bytes(options.engine, device, budget, card[1] if card else None)
     from autotune.probe.verl.run_log import job_lengths, read_run_log
 
     token_lengths, notes = job_lengths(lengths, options.verl_log)
@@ -242,7 +252,7 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
     passes = passes_for(options.target)
     arch = Architecture.from_specs(actor, reward)
     model = MemoryModel(
-        arch, space.gpus, device, rollout_card_bytes=card, lengths=token_lengths, passes=passes
+        arch, space.gpus, device, rollout_card_bytes=rollout_card, lengths=token_lengths, passes=passes
     )
     longest = ProbeConfig(
         **space.fixed_fields,
@@ -252,14 +262,29 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
     raise_for(position_findings(longest, actor))
     check_floor(space, model, budget, budget_gib)
     settings = dataclasses.replace(
-        probe_settings(space, options, device),
+        probe_settings(space, options, device, cluster),
         memory_budget_gib=budget_gib,
         passes=passes,
         lengths=token_lengths.to_dict() if token_lengths.on_data else None,
     )
-    identity = study_identity(actor, reward, settings, device_label(device), budget, lengths, space.recipe())
+    label = f"cuda {card[0]}" if card else device_label(device)
+    identity = study_identity(actor, reward, settings, label, budget, lengths, space.recipe())
     share = run_log.generation_share if run_log is not None else None
     return Prepared(space, settings, budget, model, lengths, identity, share)
+
+
+def run_device(options: RunOptions, space: SearchSpace, cluster: Any) -> tuple[str, tuple[str, int] | None]:
+    """The device the probes run on, and on a Ray cluster's GPUs the card's name and memory (read on a node):
+    on a cluster, what its nodes have, checked against --nodes × --gpus for --parallel probes at once."""
+    if cluster is None:
+        from autotune.probe.devices import resolve_device
+
+        return resolve_device(options.device, space.gpus), None
+    from autotune.probe.cluster.connect import check_fits, cluster_device, gpu_card
+
+    device = cluster_device(options.device, cluster)
+    check_fits(cluster, device, options.nodes, space.gpus // options.nodes, options.parallel)
+    return device, gpu_card() if device == "cuda" else None
 
 
 def resolve_space(options: RunOptions, console: Console) -> tuple[SearchSpace, Any]:
@@ -293,6 +318,8 @@ def command_line_space(data: Any, options: RunOptions, source: str = "the space 
     data = copy.deepcopy(data)
     settings = {"model": options.model, "gpus": options.gpus, "reward_model": options.reward_model}
     data.update({key: value for key, value in settings.items() if value is not None})
+    if options.nodes > 1 and is_int(data.get("gpus", 1)):  # --gpus (or the space's gpus) on each node
+        data["gpus"] = options.nodes * data.get("gpus", 1)
     given = {TRAIN: options.train_batch_size, MINI: options.mini_batch_size}
     fixed = {name: value for name, value in given.items() if value is not None}
     _add_tuned(data, list(dict.fromkeys(options.tune or [])), fixed, source)
@@ -456,11 +483,16 @@ def check_trl_space(space: SearchSpace) -> None:
     raise_for(trl_findings(first, space.gpus) + seeds)
 
 
-def rollout_card_bytes(engine: str, device: str, budget: Budget) -> float | None:
-    """--engine verl on CUDA: the card vLLM's share is a fraction of. None for the built-in probe (no pool)
-    and on CPU, where only a stand-in verl runs and nothing measures a pool (NVML is absent)."""
+def rollout_card_bytes(
+    engine: str, device: str, budget: Budget, card_bytes: int | None = None
+) -> float | None:
+    """--engine verl on CUDA: the card vLLM's share is a fraction of (`card_bytes`: a Ray cluster's, read on
+    its node). None for the built-in probe (no pool) and on CPU, where only a stand-in verl runs and nothing
+    measures a pool (NVML is absent)."""
     if engine != "verl" or device != "cuda":
         return None
+    if card_bytes:
+        return float(card_bytes)
     import torch
 
     return float(torch.cuda.get_device_properties(0).total_memory)
@@ -538,7 +570,7 @@ def study_identity(
         prompts = _digest(json.dumps(lengths.prompt_texts[:PROMPTS_LIMIT]))
     responses = (settings.lengths or {}).get("responses")
     return {
-        **machine_identity(actor, reward, device, settings.world_size),
+        **machine_identity(actor, reward, device, settings.world_size, settings.nodes),
         "budget_bytes": budget.bytes,
         "iterations": f"{settings.warmup_iterations} warm-up + {settings.iterations} measured",
         "prompts": prompts or "synthetic",
@@ -549,9 +581,10 @@ def study_identity(
     }
 
 
-def machine_identity(actor: Any, reward: Any, device: str, gpus: int) -> dict[str, Any]:
+def machine_identity(actor: Any, reward: Any, device: str, gpus: int, nodes: int = 1) -> dict[str, Any]:
     """The part of a study's identity each worker brings: its models (by fingerprint: the architecture and
-    weights, not the folder's name), its device and its ranks per probe."""
+    weights, not the folder's name), its device and its ranks per probe (and the nodes they span: ranks
+    that talk over a network time differently)."""
     from autotune.models.registry import fingerprint
 
     return {
@@ -559,6 +592,7 @@ def machine_identity(actor: Any, reward: Any, device: str, gpus: int) -> dict[st
         "reward_model": fingerprint(reward) if reward is not None else "function",
         "device": device,
         "gpus": gpus,
+        **({"nodes": nodes} if nodes > 1 else {}),  # older studies: one node
     }
 
 

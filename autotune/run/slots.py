@@ -25,12 +25,15 @@ class Slot:
     index: int
     devices: tuple[str, ...] | None = None  # CUDA device ids (CUDA_VISIBLE_DEVICES entries); None on CPU
     threads: int | None = None  # CPU threads per rank; None on CUDA
+    placed: bool = False  # on a Ray cluster: Ray places each probe (autotune.probe.cluster)
 
     def apply(self, settings: ProbeSettings) -> ProbeSettings:
         devices = ",".join(self.devices) if self.devices else None
         return dataclasses.replace(settings, visible_devices=devices, threads_per_rank=self.threads)
 
     def describe(self) -> str:
+        if self.placed:
+            return f"slot {self.index}: placed by Ray"
         if self.devices:
             return f"slot {self.index}: GPUs {','.join(self.devices)}"
         return f"slot {self.index}: {self.threads} CPU thread(s) per rank"
@@ -55,9 +58,17 @@ def visible_device_ids() -> list[str]:
 
 
 def plan_slots(
-    parallel: int, world_size: int, device: str, gpus: list[str] | None = None, cores: int | None = None
+    parallel: int,
+    world_size: int,
+    device: str,
+    gpus: list[str] | None = None,
+    cores: int | None = None,
+    cluster: bool = False,
 ) -> list[Slot]:
-    """P disjoint slots of W ranks; too few GPUs is a UserError naming what is visible."""
+    """P disjoint slots of W ranks; too few GPUs is a UserError naming what is visible. On a Ray cluster
+    (`cluster`) Ray places each probe on the GPUs (or a CPU per rank) it holds for it."""
+    if cluster:
+        return [Slot(i, placed=True) for i in range(parallel)]
     if device == "cuda":
         gpus = visible_device_ids() if gpus is None else gpus
         needed = parallel * world_size
@@ -75,4 +86,4 @@ def plan_slots(
 def oversubscribed(slots: list[Slot], world_size: int, cores: int | None = None) -> bool:
     """CPU probes asking for more ranks than there are cores: their timings would mostly measure waiting."""
     cores = cores or usable_cores()
-    return slots[0].devices is None and len(slots) * world_size > cores
+    return slots[0].devices is None and not slots[0].placed and len(slots) * world_size > cores

@@ -99,6 +99,12 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     check_parallel_safe(options.storage, writers=2)  # a worker always shares the study with another
     study = open_study(options.storage, options.study, seed=None, create=False)  # seeds differ per worker
     plan = stored_plan(study, options.study, options.storage)
+    if plan.nodes > 1:
+        raise UserError(
+            f"study {options.study!r} measures probes that span {plan.nodes} nodes of a Ray cluster, and a "
+            f"worker probes on its own machine: run the study's `autotune run --ray ADDRESS --nodes "
+            f"{plan.nodes}` command again instead (its --parallel runs several probes across the cluster)"
+        )
     space = space_from_dict(plan.space, source=f"study {options.study}", name=plan.space_name)
     if options.gpus is not None and options.gpus != space.gpus:
         raise UserError(

@@ -8,7 +8,8 @@
   COMPLETE rather than PRUNED (which has no values): the sampler, the pruning and the report read their
   peaks, and their `runs` violation keeps them off the front.
 - crashed, interrupted, surplus: FAIL (infrastructure, or a bug: not a property the sampler should learn).
-  An interrupted trial is re-queued, to be measured by the next run of the same command.
+  An interrupted trial is re-queued, to be measured by the next run of the same command; so is one that
+  crashed because a Ray node was lost under it (`lost_node`), once.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ RESULT_KEYS = (  # the probe's figures worth keeping with the trial (the stderr 
     "environment",
     "message",
     "packing",
+    "rank_nodes",
+    "lost_node",
 )
 
 
@@ -95,12 +98,19 @@ def record_outcome(study: optuna.Study, trial: optuna.Trial, outcome: Outcome, b
         trial.set_user_attr(key, value)
     if outcome.status in FAILED:
         study.tell(trial, state=TrialState.FAIL)
-        if outcome.status == Status.INTERRUPTED and Attr.RETRY_OF not in trial.user_attrs:
+        if _tried_again(outcome) and Attr.RETRY_OF not in trial.user_attrs:
             retry_once(study, trial.params, trial.number, trial.user_attrs)  # measured by a later step
     else:
         _set_constraints(study, trial, outcome, budget)
         study.tell(trial, [outcome.samples_per_sec, float(outcome.peak_bytes)])
     return study._storage.get_trial(trial._trial_id)
+
+
+def _tried_again(outcome: Outcome) -> bool:
+    """Interrupted, or crashed because a Ray node was lost under it: no verdict on the configuration, so it
+    is probed once more (on a cluster, on the nodes left)."""
+    lost = (outcome.attrs.get(Attr.RESULT) or {}).get("lost_node")
+    return outcome.status == Status.INTERRUPTED or (outcome.status == Status.CRASHED and bool(lost))
 
 
 def _set_constraints(study: optuna.Study, trial: optuna.Trial, outcome: Outcome, budget: Budget) -> None:

@@ -34,6 +34,8 @@ LOCAL_SETTINGS = (
     "trust_remote_code",
     "verl_python",
     "trl_python",
+    "ray_address",
+    "placement_timeout",
 )
 # What studies made before the plan existed stored instead (read, never written).
 _LEGACY_PROBE_PLAN, _LEGACY_CONTEXT = "probe_plan", "report_context"
@@ -87,6 +89,12 @@ class StudyPlan:
             tune=list(space.tune),
             **export,
         )
+
+    @property
+    def nodes(self) -> int:
+        """Nodes a probe spanned (--nodes), `gpus` // nodes on each: verl's trainer.nnodes (1 for older
+        studies)."""
+        return int(self.settings.get("nodes") or 1)
 
     @property
     def budget(self) -> Budget | None:

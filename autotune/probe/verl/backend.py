@@ -56,7 +56,7 @@ class GpuWatch:
     """Samples the used memory of the slot's GPUs (NVML) in a thread: the peak each reached above what it
     held before the probe. Inactive without NVML (a CPU machine: the stand-in's tests)."""
 
-    def __init__(self, visible_devices: str | None, interval: float = 0.1) -> None:
+    def __init__(self, visible_devices: str | None, interval: float = 0.1, active: bool = True) -> None:
         self.interval = interval
         self.handles: list[object] = []
         self.baseline: list[int] = []
@@ -65,6 +65,8 @@ class GpuWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         with contextlib.suppress(Exception):
+            if not active:
+                return
             import pynvml
 
             pynvml.nvmlInit()
@@ -114,7 +116,9 @@ def run_verl_probe(
     """One verl run of `config`: its warm-up step and measured steps, classified like a built-in probe."""
     if not settings.verl_python:
         raise ValueError("the verl engine needs settings.verl_python (autotune --verl-python PATH)")
-    watch = GpuWatch(settings.visible_devices)
+    # NVML sees this machine's GPUs only: on a Ray cluster verl's workers are elsewhere, and the peak is
+    # verl's allocator figure alone
+    watch = GpuWatch(settings.visible_devices, active=settings.ray_address is None)
     with tempfile.TemporaryDirectory(prefix="autotune-verl-", dir=_probe_root()) as tmp:
         run_dir = Path(tmp)
         steps = settings.warmup_iterations + settings.iterations
@@ -132,6 +136,8 @@ def run_verl_probe(
             card_bytes=0.0,
             resident_bytes=None,
             visible_devices=settings.visible_devices,
+            nodes=settings.nodes,
+            ray_address=settings.ray_address,
         )
         write_dataset(run.train_path, run.prompts, config.max_prompt_length, _prompt_counter(settings))
         # What others held of the slot's GPUs and the load before the run (other_cores needs the ranks' own
@@ -291,7 +297,12 @@ def _result(
         config=config.to_dict(),
         peak_memory_bytes=peak,
         peak_memory_source="nvml-device" if device_peak >= peak and device_peak else "verl-allocator",
-        environment={"engine": "verl", "verl_python": settings.verl_python, "steps_seen": seen},
+        environment={
+            "engine": "verl",
+            "verl_python": settings.verl_python,
+            "steps_seen": seen,
+            **({"cluster": {"address": settings.ray_address}} if settings.ray_address else {}),
+        },
     )
     if ending.generation_failed:
         result.environment["stopped"] = "a generation failed"

@@ -31,6 +31,11 @@ The short-run keys, each with where verl 0.9.1 reads it (paths under site-packag
   CUDA_VISIBLE_DEVICES and the probe's kill would miss; the temp dir keeps its sockets, logs and
   session_latest link out of the machine's /tmp/ray and goes with the probe's folder;
 - `hydra.run.dir`: Hydra's output folder inside the probe's, not the working directory.
+On the user's Ray cluster (`autotune run --ray`), `+ray_kwargs.ray_init.address` is the cluster's address
+instead (the one the tuner joined and checked: `ray.init` connects to it, and verl's own placement groups
+take the GPUs of `trainer.nnodes` nodes there) and no temp dir is given (a joined cluster keeps its own);
+the export's `trainer.nnodes` and `trainer.n_gpus_per_node` are the probe's nodes and GPUs per node, and no
+CUDA_VISIBLE_DEVICES is set (Ray gives each worker its GPUs).
 The environment: `RAY_DEDUP_LOGS=0` and `RAY_COLOR_PREFIX=0` (every worker's line, without colour codes),
 `RAY_ADDRESS` removed too (the address above already overrides it), the slot's `CUDA_VISIBLE_DEVICES`.
 """
@@ -64,8 +69,9 @@ class VerlRun:
     prompts: int  # rows of the dataset: one step's prompts
 
 
-def short_run_overrides(steps: int, run_dir: Path) -> dict[str, object]:
-    """The keys that make verl's run a probe: `steps` steps, nothing else (see the module docstring)."""
+def short_run_overrides(steps: int, run_dir: Path, ray_address: str | None = None) -> dict[str, object]:
+    """The keys that make verl's run a probe: `steps` steps, nothing else (see the module docstring);
+    `ray_address`: the cluster verl runs in, else a Ray instance of its own."""
     train = str(run_dir / TRAIN_FILE)
     return {
         "data.train_files": train,
@@ -85,8 +91,14 @@ def short_run_overrides(steps: int, run_dir: Path) -> dict[str, object]:
         "trainer.default_local_dir": str(run_dir / "checkpoints"),
         "hydra.run.dir": str(run_dir / "hydra"),
         "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH": str(run_dir / METRICS_FILE),
-        "+ray_kwargs.ray_init.address": "local",
-        "+ray_kwargs.ray_init._temp_dir": str(run_dir / RAY_DIR),
+        **(
+            {"+ray_kwargs.ray_init.address": ray_address}
+            if ray_address
+            else {
+                "+ray_kwargs.ray_init.address": "local",
+                "+ray_kwargs.ray_init._temp_dir": str(run_dir / RAY_DIR),
+            }
+        ),
     }
 
 
@@ -103,13 +115,16 @@ def verl_run(
     rollout_name: str = "vllm",
     model_parameters: int | None = None,
     visible_devices: str | None = None,
+    nodes: int = 1,
+    ray_address: str | None = None,
 ) -> VerlRun:
     """The command of one verl probe: the export for `config` on `world_size` GPUs (ValueError when the
     configuration breaks a rule), the rollout engine sized by the export's rules for a card of `card_bytes`
-    with `resident_bytes` of training states, and the short-run settings."""
+    with `resident_bytes` of training states, and the short-run settings; on a Ray cluster (`ray_address`)
+    `world_size` GPUs over `nodes` nodes."""
     engine = rollout_engine(config, world_size, rollout_name, card_bytes, resident_bytes, model_parameters)
-    values = dict(verl_overrides(config, world_size, model_path, engine).values)
-    values.update(short_run_overrides(steps, run_dir))
+    values = dict(verl_overrides(config, world_size, model_path, engine, nodes=nodes).values)
+    values.update(short_run_overrides(steps, run_dir, ray_address))
     argv = [
         verl_python,
         "-m",

@@ -17,9 +17,12 @@ them (paths under site-packages/verl):
   a new instance; no address (or "auto") takes $RAY_ADDRESS, else the address a `ray start` wrote to
   `<temp dir>/ray_current_cluster`, the temp dir being `_temp_dir`, else $RAY_TMPDIR/ray, else $TMPDIR/ray,
   else /tmp/ray. Joining prints Ray's "Connecting to existing Ray cluster at address: ..." (ray/_private/
-  worker.py:1841) and then fails as Ray does when nothing answers there (the stand-in has no cluster to
-  join); starting one makes `<temp dir>/session_<date>_<pid>` and its `session_latest` link
-  (ray/_private/node.py:206, 775).
+  worker.py:1841) and then fails as Ray does when nothing answers there; where a real Ray cluster answers
+  (autotune run --ray, the tests' two-node cluster) it joins it with Ray's own `ray.init` and fails as verl
+  does when the cluster has fewer nodes than `trainer.nnodes`; starting one makes
+  `<temp dir>/session_<date>_<pid>` and its `session_latest` link (ray/_private/node.py:206, 775).
+$AUTOTUNE_FAKE_VERL_ARGV, when set, names a file the stand-in writes its arguments to (one per line): what
+verl was asked to run.
 Scripted by AUTOTUNE_FAKE_VERL, comma-separated: "" (behave), "hang" (never finish, with a child process),
 "exit0-missing" (exit 0 after one step), "gpus0" (verl's refusal on a CPU machine), "gen-fail" (a generation
 fails in step 1, then as the sampler setting says), "gen-fail,oom" (its cause is the vLLM engine's CUDA OOM),
@@ -145,6 +148,38 @@ def ray_init(cfg: dict[str, str]) -> str | None:
     return None
 
 
+def answers(address: str) -> bool:
+    """Something listens at host:port (a Ray cluster's GCS, in the tests that start one)."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def join_cluster(address: str, cfg: dict[str, str]) -> str | None:
+    """Join a real cluster as verl's ray.init does; its error when it has fewer nodes than verl's resource
+    pool asks for (single_controller/ray/base.py:226-241 counts GPUs; on CPU, nodes stand in for them)."""
+    import ray
+
+    ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+    try:
+        alive = [node for node in ray.nodes() if node.get("Alive")]
+        workers = [node for node in alive if node["Resources"].get("CPU", 0) >= 1]
+        nodes = number(cfg.get("trainer.nnodes", "1"))
+        print(f"(TaskRunnerV1 pid={os.getpid()}) cluster: {len(workers)} nodes with a CPU", flush=True)
+        if len(workers) < nodes:
+            return (
+                f"ValueError: Total available nodes {len(workers)} is less than total desired nodes {nodes}\n"
+            )
+        return None
+    finally:
+        ray.shutdown()
+
+
 def start_ray(cfg: dict[str, str]) -> None:
     """A new local instance's session folder and `session_latest` link in the temp dir."""
     temp_dir = ray_temp_dir(cfg)
@@ -166,6 +201,9 @@ def fail_generation(cause: str) -> None:
 
 def main() -> int:
     cfg = parse(sys.argv[1:])
+    if os.environ.get("AUTOTUNE_FAKE_VERL_ARGV"):
+        with open(os.environ["AUTOTUNE_FAKE_VERL_ARGV"], "w") as argv:
+            argv.write("\n".join(sys.argv[1:]) + "\n")
     script = set(os.environ.get("AUTOTUNE_FAKE_VERL", "").split(","))
     overrides = ", ".join(sys.argv[1:4])
     gpus = number(cfg.get("trainer.n_gpus_per_node", "1"))
@@ -173,9 +211,17 @@ def main() -> int:
     joined = ray_init(cfg)
     if joined is not None:
         print(f"Connecting to existing Ray cluster at address: {joined}...", flush=True)
-        sys.stderr.write(f"ConnectionError: Failed to connect to GCS at address {joined} (the stand-in)\n")
-        return 1
-    start_ray(cfg)
+        if not answers(joined):
+            sys.stderr.write(
+                f"ConnectionError: Failed to connect to GCS at address {joined} (the stand-in)\n"
+            )
+            return 1
+        refused = join_cluster(joined, cfg)
+        if refused:
+            sys.stderr.write(refused)
+            return 1
+    else:
+        start_ray(cfg)
     data = pd.read_parquet(cfg["data.train_files"])
     assert {"prompt", "data_source", "reward_model"} <= set(data.columns), data.columns
     print(f"(TaskRunnerV1 pid={os.getpid()}) dataset len: {len(data)}", flush=True)
