@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     config = ProbeConfig(**resolve_mini_batch(parse_sets(args.sets), args.gpus))
     raise_for(config_findings(config, args.gpus) + engine_findings(config, args.engine))  # before the model
     device = resolve_device(args.device, args.gpus)
-    raise_for(offload_findings(config, device))
+    raise_for(offload_findings(config, device) + engine_findings(config, args.engine, device))
     spec = resolve_model(args.model, args.weights, args.trust_remote_code)
     resolve_reward_model(args.reward_model)
     raise_for(model_findings(config, spec))

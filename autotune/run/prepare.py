@@ -120,6 +120,12 @@ def passes_for(target: str) -> str:
     return "trl" if target == "trl" else "verl"
 
 
+def model_passes(engine: str, passes: str) -> str:
+    """Whose passes the memory model prices: TRL 1.16's own where TRL runs the probe (its fused LM head),
+    else the built-in probe's (`passes_for`)."""
+    return "trl_fused" if engine == "trl" else passes
+
+
 def probe_settings(space, options: RunOptions, device: str) -> ProbeSettings:
     return ProbeSettings(
         model=space.model,
@@ -221,6 +227,7 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
         check_trl_space(space)
     space = hold_unexported(space, options.search_unexported, console, options.target)
     device = resolve_device(options.device, space.gpus)
+    check_engine_knobs(space, options.engine, device)
     if options.engine == "verl":
         announce_verl(options.verl_python, device, console)
     if options.engine == "trl":
@@ -232,7 +239,7 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
     reward = resolve_reward_model(space.reward_model)
     budget_gib = resolve_budget_gib(space, options, device)
     budget = Budget(int(budget_gib * GIB), space.headroom)
-    card = rollout_card_bytes(options.engine, device, budget)
+    card = rollout_card_bytes(options.engine, device, budget, options.target)
     from autotune.probe.verl.run_log import job_lengths, read_run_log
 
     token_lengths, notes = job_lengths(lengths, options.verl_log)
@@ -242,7 +249,12 @@ def prepare(options: RunOptions, console: Console) -> Prepared:
     passes = passes_for(options.target)
     arch = Architecture.from_specs(actor, reward)
     model = MemoryModel(
-        arch, space.gpus, device, rollout_card_bytes=card, lengths=token_lengths, passes=passes
+        arch,
+        space.gpus,
+        device,
+        rollout_card_bytes=card,
+        lengths=token_lengths,
+        passes=model_passes(options.engine, passes),
     )
     longest = ProbeConfig(
         **space.fixed_fields,
@@ -418,16 +430,31 @@ def tensor_parallel_for_heads(space: SearchSpace, actor: Any, console: Console) 
     return space_from_dict(data, source=space.source, cores=space.cores, name=space.name)
 
 
-def check_engine_knobs(space: SearchSpace, engine: str) -> None:
-    """Refuse, in one line, vLLM's knobs under the built-in probe: it has no vLLM, so a share, a
-    tensor-parallel rollout or max_num_seqs would be searched without being measured (fixing them silently
-    would hand back a config nobody probed). Dynamic batch size and its budgets it measures as verl packs."""
+def check_engine_knobs(space: SearchSpace, engine: str, device: str | None = None) -> None:
+    """Refuse, in one line, vLLM's knobs where no vLLM runs: under the built-in probe (it has no vLLM, so a
+    share, a tensor-parallel rollout or max_num_seqs would be searched without being measured; fixing them
+    silently would hand back a config nobody probed), and under --engine trl all but vLLM's share, which TRL
+    colocates on CUDA only (`device` None: not resolved yet). Dynamic batch size and its budgets the built-in
+    probe measures as verl packs."""
     named = space.vllm_knobs
-    if engine != "verl" and named:
+    if engine == "verl" or not named:
+        return
+    if engine != "trl":
         raise UserError(
             f"{space.source}: knobs {', '.join(named)} are vLLM's, measured only with --engine verl (the "
-            f"built-in probe has no vLLM pool or tensor-parallel rollout): run with --engine verl "
-            f"--verl-python PATH, or leave them out"
+            f"built-in probe has no vLLM pool or tensor-parallel rollout) or, for gpu_memory_utilization, "
+            f"--engine trl on CUDA: run with such an engine, or leave them out"
+        )
+    others = [name for name in named if name != "gpu_memory_utilization"]
+    if others:
+        raise UserError(
+            f"{space.source}: knobs {', '.join(others)} are not searched for TRL (TRL sets vLLM's sequences "
+            f"itself): leave them out; gpu_memory_utilization is TRL's vLLM share (use_vllm, colocated)"
+        )
+    if device is not None and device != "cuda":
+        raise UserError(
+            f"{space.source}: knob gpu_memory_utilization is TRL's vLLM share (use_vllm, colocated), and "
+            f"vLLM runs on CUDA only, not on {device}: leave it out (TRL then generates with transformers)"
         )
 
 
@@ -456,10 +483,12 @@ def check_trl_space(space: SearchSpace) -> None:
     raise_for(trl_findings(first, space.gpus) + seeds)
 
 
-def rollout_card_bytes(engine: str, device: str, budget: Budget) -> float | None:
-    """--engine verl on CUDA: the card vLLM's share is a fraction of. None for the built-in probe (no pool)
-    and on CPU, where only a stand-in verl runs and nothing measures a pool (NVML is absent)."""
-    if engine != "verl" or device != "cuda":
+def rollout_card_bytes(engine: str, device: str, budget: Budget, target: str = "verl") -> float | None:
+    """On CUDA, the card vLLM's share is a fraction of: --engine verl's pool, or TRL's colocated one (--engine
+    trl --target trl). None for the built-in probe (no pool) and on CPU, where only a stand-in verl runs, TRL
+    runs no vLLM and nothing measures a pool."""
+    pool = engine == "verl" or (engine == "trl" and target == "trl")
+    if not pool or device != "cuda":
         return None
     import torch
 
