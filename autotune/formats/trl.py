@@ -230,7 +230,12 @@ def _trl_rules(c: ProbeConfig, gpus: int) -> list[tuple[str, str, str]]:
     rules = []
     if c.algorithm != "grpo":
         rules.append(
-            ("algorithm", f"algorithm={c.algorithm}: TRL's GRPOTrainer trains GRPO", "algorithm: grpo")
+            (
+                "algorithm",
+                f"algorithm={c.algorithm}: TRL's GRPOTrainer trains GRPO only (it has no critic to learn "
+                f"PPO's values)",
+                "algorithm: grpo with rollout_n >= 2, or --target verl for PPO",
+            )
         )
     if c.rollout_n < 2:
         rules.append(

@@ -480,7 +480,11 @@ def check_trl_space(space: SearchSpace) -> None:
         )
     first = ProbeConfig(**space.fixed_fields)
     seeds = [finding for seed in space.seed_configs for finding in trl_findings(seed.config, space.gpus)]
-    raise_for(trl_findings(first, space.gpus) + seeds)
+    found = list({f.line: f for f in trl_findings(first, space.gpus) + seeds}.values())  # each once
+    try:
+        raise_for(found)
+    except UserError as exc:
+        raise UserError(f"{space.source}: for TRL: {exc}") from None
 
 
 def rollout_card_bytes(engine: str, device: str, budget: Budget, target: str = "verl") -> float | None:
