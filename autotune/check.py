@@ -371,6 +371,8 @@ def _model_checks(
         findings.append(Finding("memory", note, severity="note"))
     reward_spec = resolve_model(reward) if reward else None
     arch = Architecture.from_specs(spec, reward_spec)
+    if options.gpu and target.device is not None:  # a GPU asked about: judged as a GPU runs it
+        target = dataclasses.replace(target, device=None)
     memory_found, memory = memory_findings(arch, target, config, gpus, card, report, lengths, passes)
     traced = None
     if options.trace:  # the layout of the device the verdict is about

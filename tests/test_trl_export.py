@@ -334,3 +334,24 @@ def test_vllm_is_refused_for_trl_on_cpu_and_its_other_knobs_for_trl_anywhere():
     assert [f.key for f in engine_findings(share, "builtin", "cuda")] == ["gpu_memory_utilization"]
     seqs = dataclasses.replace(BASE, max_num_seqs=64)
     assert [f.key for f in engine_findings(seqs, "trl", "cuda")] == ["max_num_seqs"]
+
+
+def test_a_trl_space_may_tune_the_generation_batch_and_each_is_exported_as_trl_reads_it(tmp_path):
+    """generation_batch_size is the train batch, part of the recipe: searched only when `tune:` names it."""
+    import copy
+
+    from autotune.run.prepare import check_trl_space
+    from autotune.space.model import load_space, space_from_dict
+
+    space = load_space("trl-cpu-budget")
+    raw = copy.deepcopy(dict(space.raw))
+    raw["knobs"]["train_batch_size"] = {"min": 16, "max": 32}
+    raw["tune"] = ["train_batch_size"]
+    tuned = space_from_dict(raw, source="tuned.yaml", cores=space.cores, name="tuned")
+    check_trl_space(tuned)
+    rounds = {c.train_batch_size: c for c in tuned.grid()}
+    assert set(rounds) == {16, 32} and tuned.tune == ("train_batch_size",)
+    for train, config in rounds.items():
+        args = grpo_config(config, tmp_path)
+        assert args.generation_batch_size == train
+        assert args.steps_per_generation == train // config.micro_batch_size
