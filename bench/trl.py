@@ -357,7 +357,8 @@ def report(found: dict[str, Any]) -> None:
     print(
         f"TRL's defaults under {g['budget_gib']:.2f} GiB: "
         + (
-            f"emulated OOM (peak {defaults['peak_bytes'] / 1024**3:.2f} GiB)"
+            f"emulated OOM (killed at {defaults['peak_bytes'] / 1024**3:.2f} GiB, "
+            f"{defaults['seconds']:.0f} s in)"
             if defaults["oom"]
             else "ran within the budget"
         )
@@ -368,6 +369,9 @@ def report(found: dict[str, Any]) -> None:
         f"(TRL's step_time); ratio {g['ratio']:.2f}x (rounds: {rounds})"
     )
     s, m = g["search"], g["manual_path"]
+    same = {k: v for k, v in g["pick"].items() if k != "dataloader_num_workers"}
+    if same.items() <= {**g["manual"], "activation_checkpointing": True}.items():
+        print("the pick is the manual path's config (but for the loader workers)")
     print(f"search: {s['probes']} probes, {s['minutes']:.1f} min", end="; ")
     print(f"manual path: {m['launches']} launches, {m['minutes']:.1f} min")
 
