@@ -200,14 +200,19 @@ def reward_findings(target: Target) -> list[Finding]:
     ]
 
 
-def length_findings(c: ProbeConfig, report: LengthReport, packed: bool = True) -> list[Finding]:
+def length_findings(
+    c: ProbeConfig, report: LengthReport, packed: bool = True, prompts: bool = True
+) -> list[Finding]:
     """Limits below the data's suggestion truncate; above 2× it they reserve memory nothing uses, where the
-    trainer pads to them (TRL); verl packs the tokens the samples have, so a larger limit costs it nothing."""
+    trainer pads to them (TRL); verl packs the tokens the samples have, so a larger limit costs it nothing.
+    `prompts` False: the trainer has no prompt limit (TRL 1.16), only the completions' is judged."""
     from autotune.data.lengths import truncated_share
 
-    pairs = [
-        ("max_prompt_length", c.max_prompt_length, report.suggested_prompt_length, report.prompts, "p95")
-    ]
+    pairs = []
+    if prompts:
+        pairs.append(
+            ("max_prompt_length", c.max_prompt_length, report.suggested_prompt_length, report.prompts, "p95")
+        )
     if report.suggested_response_length is not None:
         pairs.append(
             (
@@ -241,6 +246,26 @@ def length_findings(c: ProbeConfig, report: LengthReport, packed: bool = True) -
                 )
             )
     return found
+
+
+def _trl_prompts(
+    config: ProbeConfig, report: LengthReport, known: bool, findings: list[Finding]
+) -> ProbeConfig:
+    """A TRL file's prompts at the data's longest (TRL 1.16 pads a batch to its longest prompt and truncates
+    none), in place of the length the file could not say; a study's own file keeps the length it measured."""
+    longest = int(report.prompts.max()) if report.prompts.size else config.max_prompt_length
+    if known:
+        if longest > config.max_prompt_length:
+            note = (
+                f"the data's longest prompt is {longest} tokens, the study measured "
+                f"{config.max_prompt_length}: TRL truncates no prompt, so a batch of the longest takes more "
+                f"memory than measured"
+            )
+            findings.append(Finding("lengths", note, "re-run the study with --data DATA", severity="warning"))
+        return config
+    note = f"prompts at the data's longest, {longest} tokens: TRL 1.16 pads a batch to its longest prompt"
+    findings.append(Finding("lengths", note, severity="note"))
+    return dataclasses.replace(config, max_prompt_length=longest)
 
 
 def verl_findings(overrides: dict[str, Any], gpus: int) -> list[Finding]:
@@ -294,6 +319,8 @@ def check(options: CheckOptions) -> CheckResult:
             findings += rollout_findings(config, gpus, target.measured)
         findings += reward_findings(target)
         model_findings, memory, traced = _model_checks(options, target, config, gpus, card)
+        if options.data is not None and not target.prompt_known:  # the data says it now (`_trl_prompts`)
+            findings = [f for f in findings if not (f.check == "lengths" and f.key == "max_prompt_length")]
         findings += model_findings
     else:
         findings.append(
@@ -316,12 +343,14 @@ def _model_checks(
     name = options.model or registry_name(target.model)
     findings: list[Finding] = []
     report = None
-    passes = "trl" if target.kind == TRL_KIND else "verl"
+    passes = "trl_fused" if target.kind == TRL_KIND else "verl"  # TRL 1.16 runs a TRL file
     if options.data is not None:
         from autotune.data.lengths import measure_lengths
 
         report = measure_lengths(options.data, name or "tiny-llama", options.prompt_key, options.response_key)
-        findings += length_findings(config, report, packed=passes == "verl")
+        if target.kind == TRL_KIND:  # TRL truncates no prompt: a batch is as long as its longest
+            config = _trl_prompts(config, report, target.prompt_known, findings)
+        findings += length_findings(config, report, packed=passes == "verl", prompts=passes == "verl")
     lengths, said = job_lengths(report, options.verl_log)  # the verdict's: the data's, a verl log's
     findings += [Finding("lengths", line, severity="note") for line in said]
     if name is None:
@@ -342,6 +371,8 @@ def _model_checks(
         findings.append(Finding("memory", note, severity="note"))
     reward_spec = resolve_model(reward) if reward else None
     arch = Architecture.from_specs(spec, reward_spec)
+    if options.gpu and target.device is not None:  # a GPU asked about: judged as a GPU runs it
+        target = dataclasses.replace(target, device=None)
     memory_found, memory = memory_findings(arch, target, config, gpus, card, report, lengths, passes)
     traced = None
     if options.trace:  # the layout of the device the verdict is about

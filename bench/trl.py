@@ -1,25 +1,34 @@
-"""TRL, measured by TRL: autotune's pick against TRL's defaults, and the built-in probe's fidelity to TRL.
+"""TRL, measured by TRL where the card is too small for TRL's defaults: autotune's pick against the manual
+path a TRL user takes, and (--fidelity) the built-in probe's ranks against TRL's.
 
-    .venv/bin/python -m bench.trl [--space trl-cpu-tiny] [--rounds 3] [--steps 12] [--repeats 2]
-                                  [--out bench/results/trl.jsonl]
+    .venv/bin/python -m bench.trl [--space trl-cpu-budget] [--rounds 3] [--steps 6] [--trials 8]
+                                  [--out bench/results/trl-budget.jsonl]
+    .venv/bin/python -m bench.trl --space trl-cpu-tiny --fidelity --out bench/results/trl.jsonl
 
-Two figures, on a CPU-sized space whose hand-made config is TRL's defaults (search_spaces/trl-cpu-tiny.yaml):
+On a space whose memory budget TRL's defaults exceed (search_spaces/trl-cpu-budget.yaml; on CPU the budget is
+emulated: a process's peak resident set is watched and the process killed where it passes the budget, as an
+allocator would fail there):
 
-1. The gain a TRL user gets. `autotune run --engine trl --target trl` runs the study (every probe is TRL's
-   GRPOTrainer) and writes trl_config.yaml. Then TRL itself trains, as `trl grpo --config ...`, first the
-   export and then TRL's defaults for the same recipe (the same generation batch, mini batch, completions
-   per prompt, completion length and beta; GRPOConfig's own values for everything else:
-   per_device_train_batch_size 8, gradient checkpointing on, no dataloader workers), each for `--steps`
-   optimizer steps, in turn for `--rounds` rounds. Samples/sec is TRL's: the mini batch over TRL's
-   `step_time` of each step, after the first generation round (the warm-up). The ratio of the medians, and
-   every round's ratio, are printed.
-2. The fidelity of autotune's built-in probe to TRL: every configuration of the space's grid is probed with
-   `--engine builtin` and `--engine trl` (`--repeats` times each, alternately), and the Spearman rank
-   correlation of their median samples/sec is printed (1.0: the built-in probe orders configurations as TRL
-   does, so a study probed without TRL still picks what is fast in TRL).
+1. The search: `autotune run --engine trl --target trl` (every probe is TRL's GRPOTrainer), its cost (probes,
+   and the minutes the command took) and its trl_config.yaml.
+2. The manual path: TRL's defaults for the same recipe (the same generation batch, mini batch, completions per
+   prompt, completion length and beta; GRPOConfig's own values for the rest: per_device_train_batch_size 8,
+   gradient checkpointing on), launched with `trl grpo` under the budget; on an emulated OOM the user halves
+   per_device_train_batch_size (gradient_accumulation_steps doubles: the mini batch is the recipe; the
+   generation batch stays whole prompt groups), checkpointing left on, and relaunches, until a launch runs
+   its steps within the budget. Its launches, and the minutes they took, are counted.
+3. The gain: `trl grpo` trains the pick and the manual path's config in turn, for `--rounds` rounds of
+   `--steps` optimizer steps each, both under the budget watch. Samples/sec is TRL's: the mini batch over
+   TRL's own `step_time` of each step, after the first generation round (the warm-up). The ratio of every
+   round, their median and their spread are printed.
+
+`--fidelity` (the earlier figure, on trl-cpu-tiny): every configuration of the space's grid probed with
+`--engine builtin` and `--engine trl` (`--repeats` times each, alternately), and the Spearman rank correlation
+of their median samples/sec (1.0: the built-in probe orders configurations as TRL does).
 
 One JSON line per measurement in `--out`, with the machine and its load, then a summary line. Needs TRL in
-.venv (`./setup.sh test` installs it). About 7 minutes on two cores.
+.venv (`./setup.sh test` installs it). About 10 minutes on two idle cores; run it on an idle machine: other
+work on the cores slows TRL's steps unevenly and the ratio with them.
 """
 
 from __future__ import annotations
@@ -30,10 +39,13 @@ import json
 import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,18 +61,30 @@ REWARD = (  # the user's reward, as `trl grpo --reward_funcs bench_reward.reward
     "    return [float(sum(map(ord, c)) % 97) / 97.0 for c in completions]\n"
 )
 TRL_CLI = Path(sys.executable).with_name("trl")
+TRL_DEFAULT_MICRO = 8  # GRPOConfig's per_device_train_batch_size
+Log = Callable[[dict[str, Any]], None]
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--space", default="trl-cpu-tiny")
-    parser.add_argument("--rounds", type=int, default=3, help="back-to-back rounds of export vs defaults")
-    parser.add_argument("--steps", type=int, default=12, help="optimizer steps per TRL run")
-    parser.add_argument("--repeats", type=int, default=2, help="probes per configuration and engine")
-    parser.add_argument("--out", type=Path, default=common.RESULTS / "trl.jsonl")
-    return parser.parse_args()
+    parser.add_argument("--space", default="trl-cpu-budget")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of the pick vs the manual path's config"
+    )
+    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per TRL run")
+    parser.add_argument("--trials", type=int, default=8, help="the study's trials")
+    parser.add_argument("--fidelity", action="store_true", help="the built-in probe vs TRL's, instead")
+    parser.add_argument("--repeats", type=int, default=2, help="--fidelity: probes per configuration")
+    parser.add_argument("--out", type=Path, default=None, help="default: bench/results/trl-budget.jsonl")
+    args = parser.parse_args()
+    if args.out is None:
+        args.out = common.RESULTS / ("trl.jsonl" if args.fidelity else "trl-budget.jsonl")
+    return args
+
+
+# --- what a TRL user has: a local model, a dataset, a reward --------------------------------------------
 
 
 def save_model(folder: Path, model: str) -> None:
@@ -86,75 +110,211 @@ def save_dataset(folder: Path, model: str, prompt_tokens: int, count: int = 512)
     (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
-def run_study(space: str, model: Path, out: Path) -> dict[str, Any]:
-    """`autotune run --engine trl --target trl` on the space with the local model; its summary.json."""
-    command = [sys.executable, "-m", "autotune", "run", "--engine", "trl", "--target", "trl"]
-    command += ["--space", space, "--model", str(model), "--weights", "pretrained", "--device", "cpu"]
-    command += ["--out", str(out), "--json"]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"autotune run failed ({done.returncode}): {done.stderr[-2000:]}")
-    return json.loads(done.stdout)
+# --- a process under an emulated memory budget -------------------------------------------------------------
 
 
-def defaults_config(export: dict[str, Any], mini_batch: int) -> dict[str, Any]:
-    """TRL's defaults for the same recipe: the export's recipe fields, GRPOConfig's values for the rest (the
-    accumulation follows from the mini batch at TRL's default per_device_train_batch_size 8, one process)."""
-    recipe = ("model_name_or_path", "generation_batch_size", "num_generations", "max_completion_length")
-    recipe += ("beta",)
-    config = {key: export[key] for key in recipe}
-    config["gradient_accumulation_steps"] = max(1, mini_batch // 8)
-    return {**config, "use_cpu": True, "bf16": False}
+def _peak_bytes(pid: int) -> int:
+    """The largest peak resident set (VmHWM) among the process and its descendants: a rank's peak."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    peak = 0
+    for process in tree:
+        try:
+            text = Path(f"/proc/{process.pid}/status").read_text()
+        except OSError:
+            continue
+        found = re.search(r"^VmHWM:\s+(\d+) kB", text, re.MULTILINE)
+        peak = max(peak, int(found.group(1)) * 1024 if found else 0)
+    return peak
 
 
-def trl_samples_per_sec(config: Path, data: Path, work: Path, steps: int, mini: int, warmup: int) -> dict:
-    """TRL trains `config` for `steps` optimizer steps, launched as a user does; samples/sec from its own
-    step_time after `warmup` steps."""
+def watched(command: list[str], env: dict[str, str], cwd: Path, budget_bytes: float | None) -> dict[str, Any]:
+    """Run `command` in its own process group; every 50 ms read its processes' peak resident sets, and kill
+    the group where a peak passes `budget_bytes` (an emulated OOM: nothing else enforces a budget on CPU)."""
+    started = time.monotonic()
+    with tempfile.TemporaryFile("w+") as output:
+        process = subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
+        )
+        peak, killed_at = 0, None
+        while process.poll() is None:
+            peak = max(peak, _peak_bytes(process.pid))
+            if budget_bytes is not None and peak > budget_bytes and killed_at is None:
+                killed_at = time.monotonic() - started
+                os.killpg(process.pid, signal.SIGKILL)
+            time.sleep(0.05)
+        output.seek(0)
+        text = output.read()
+    return {
+        "returncode": process.returncode,
+        "peak_bytes": peak,
+        "oom": killed_at is not None,
+        "seconds": killed_at if killed_at is not None else time.monotonic() - started,
+        "output": text,
+    }
+
+
+def trl_run(config: Path, data: Path, work: Path, steps: int, budget_bytes: float | None) -> dict[str, Any]:
+    """`trl grpo --config config` for `steps` optimizer steps, launched as a user does, under the budget."""
     command = [str(TRL_CLI), "grpo", "--config", str(config), "--dataset_name", str(data)]
     command += ["--reward_funcs", "bench_reward.reward", "--max_steps", str(steps), "--logging_steps", "1"]
     command += ["--output_dir", str(work / "trl-out"), "--report_to", "none", "--save_strategy", "no"]
     env = {**os.environ, "PYTHONPATH": str(work), "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
     env.update(OMP_NUM_THREADS=str(os.cpu_count() or 1))
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=work, check=False)
-    times = [float(t) for t in STEP_TIME.findall(done.stdout + done.stderr)]
-    if done.returncode != 0 or len(times) != steps:
-        raise SystemExit(f"trl grpo failed ({done.returncode}, {len(times)} steps): {done.stderr[-2000:]}")
-    measured = times[warmup:]
-    return {"samples_per_sec": mini * len(measured) / sum(measured), "step_seconds": times}
+    run = watched(command, env, work, budget_bytes)
+    run["step_seconds"] = [float(t) for t in STEP_TIME.findall(run["output"])]
+    if not run["oom"] and (run["returncode"] != 0 or len(run["step_seconds"]) != steps):
+        tail = run["output"][-2000:]
+        raise SystemExit(f"trl grpo failed ({run['returncode']}, {len(run['step_seconds'])} steps): {tail}")
+    return run
 
 
-def gain(args: argparse.Namespace, work: Path, log) -> dict[str, Any]:
+def samples_per_sec(step_seconds: list[float], mini: int, warmup: int) -> float:
+    """TRL's own figure: the mini batch over each step's step_time, after the warm-up steps."""
+    measured = step_seconds[warmup:]
+    return mini * len(measured) / sum(measured)
+
+
+def run_figures(run: dict[str, Any]) -> dict[str, Any]:
+    """What a run's JSON line keeps (not its output)."""
+    return {key: value for key, value in run.items() if key != "output"}
+
+
+# --- 1. the search -----------------------------------------------------------------------------------------
+
+
+def run_study(space: str, model: Path, out: Path, trials: int) -> tuple[dict[str, Any], float]:
+    """`autotune run --engine trl --target trl` on the space with the local model: its summary.json, and
+    the minutes the command took (everything the user waits for)."""
+    command = [sys.executable, "-m", "autotune", "run", "--engine", "trl", "--target", "trl"]
+    command += ["--space", space, "--model", str(model), "--weights", "pretrained", "--device", "cpu"]
+    command += ["--trials", str(trials), "--gain-rounds", "0", "--out", str(out), "--json"]
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    minutes = (time.monotonic() - started) / 60
+    if done.returncode != 0:
+        raise SystemExit(f"autotune run failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout), minutes
+
+
+# --- 2. the manual path ------------------------------------------------------------------------------------
+
+
+def defaults_config(export: dict[str, Any], mini: int, micro: int | None = None) -> dict[str, Any]:
+    """TRL's defaults for the export's recipe: its generation batch, completions per prompt, completion length
+    and beta; GRPOConfig's values for the rest. `micro`: the per_device_train_batch_size the user set (None:
+    TRL's default 8); the accumulation keeps the mini batch (one process)."""
+    recipe = ("model_name_or_path", "generation_batch_size", "num_generations", "max_completion_length")
+    config = {key: export[key] for key in (*recipe, "beta")}
+    if micro is not None:
+        config["per_device_train_batch_size"] = micro
+    config["gradient_accumulation_steps"] = max(1, mini // (micro or TRL_DEFAULT_MICRO))
+    return {**config, "use_cpu": True, "bf16": False}
+
+
+def manual_path(
+    export: dict[str, Any], mini: int, paths: dict[str, Path], steps: int, budget: float, log: Log
+) -> dict[str, Any]:
+    """From TRL's defaults, halve per_device_train_batch_size on every emulated OOM until a launch runs its
+    steps within the budget: the launches, their minutes, and the config that ran."""
+    micro: int | None = None
+    launches = []
+    while True:
+        config = defaults_config(export, mini, micro)
+        path = paths["work"] / f"manual-{micro or 'defaults'}.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        run = trl_run(path, paths["data"], paths["work"], steps, budget)
+        shown = micro or TRL_DEFAULT_MICRO
+        launches.append({"per_device_train_batch_size": shown, **run_figures(run)})
+        log({"kind": "manual_launch", "launch": len(launches), "config": config, **launches[-1]})
+        if not run["oom"]:
+            return {"config": config, "path": path, "launches": launches}
+        if shown == 1:
+            raise SystemExit("the manual path ran out of memory at per_device_train_batch_size 1")
+        micro = shown // 2
+
+
+# --- 3. the gain -------------------------------------------------------------------------------------------
+
+
+def in_turn(
+    configs: dict[str, Path],
+    mini: int,
+    paths: dict[str, Path],
+    args: argparse.Namespace,
+    budget: float,
+    log: Log,
+) -> dict[str, list[dict[str, Any]]]:
+    """Each config trained by `trl grpo` in turn for `rounds` rounds, under the budget watch."""
+    found: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+    for round_ in range(args.rounds):
+        for name, path in configs.items():
+            run = trl_run(path, paths["data"], paths["work"], args.steps, budget)
+            speed = None if run["oom"] else samples_per_sec(run["step_seconds"], mini, warmup=1)
+            figures = {"samples_per_sec": speed, **run_figures(run), "load": os.getloadavg()[0]}
+            found[name].append(figures)
+            log({"kind": "trl_run", "round": round_, "config": name, **figures})
+    return found
+
+
+def binding(args: argparse.Namespace, work: Path, log: Log) -> dict[str, Any]:
     from autotune.space.model import load_space
 
     space = load_space(args.space)
+    budget = float(space.memory_budget_gib or 0) * 1024**3
     save_model(work / "model", space.model)
     save_dataset(work / "data", space.model, space.knob("max_prompt_length").values()[0])
     (work / "bench_reward.py").write_text(REWARD)
-    summary = run_study(args.space, work / "model", work / "reports")
-    export_path = Path(shlex.split(summary["launch"])[shlex.split(summary["launch"]).index("--config") + 1])
+    paths = {"work": work, "data": work / "data"}
+    summary, search_minutes = run_study(args.space, work / "model", work / "reports", args.trials)
+    log({"kind": "study", "minutes": search_minutes, "summary": summary, "load": os.getloadavg()[0]})
+    argv = shlex.split(summary["launch"])
+    export_path = Path(argv[argv.index("--config") + 1])
     export = yaml.safe_load(export_path.read_text())
     mini = export["per_device_train_batch_size"] * export["gradient_accumulation_steps"]
-    defaults_path = work / "trl_defaults.yaml"
-    defaults_path.write_text(yaml.safe_dump(defaults_config(export, mini), sort_keys=False))
-    warmup = export["generation_batch_size"] // mini  # the first generation round's steps
-    speeds: dict[str, list[float]] = {"export": [], "defaults": []}
-    for round_ in range(args.rounds):
-        for name, path in (("export", export_path), ("defaults", defaults_path)):
-            figures = trl_samples_per_sec(path, work / "data", work, args.steps, mini, warmup)
-            speeds[name].append(figures["samples_per_sec"])
-            log({"kind": "trl_run", "round": round_, "config": name, **figures, "load": os.getloadavg()[0]})
-    ratios = [e / d for e, d in zip(speeds["export"], speeds["defaults"], strict=True)]
+    manual = manual_path(export, mini, paths, args.steps, budget, log)
+    runs = in_turn({"pick": export_path, "manual": manual["path"]}, mini, paths, args, budget, log)
+    pick = [r["samples_per_sec"] for r in runs["pick"]]
+    hand = [r["samples_per_sec"] for r in runs["manual"]]
+    ratios = [p / h for p, h in zip(pick, hand, strict=True) if p and h]
+    if not ratios:
+        raise SystemExit(f"no round ran both configs within the budget: pick {pick}, manual {hand}")
+    pick, hand = [p for p in pick if p], [h for h in hand if h]
+    failed = [launch for launch in manual["launches"] if launch["oom"]]
     return {
-        "export": {k: v for k, v in export.items() if k != "model_name_or_path"},
-        "export_samples_per_sec": statistics.median(speeds["export"]),
-        "defaults_samples_per_sec": statistics.median(speeds["defaults"]),
-        "ratio": statistics.median(speeds["export"]) / statistics.median(speeds["defaults"]),
+        "budget_gib": budget / 1024**3,
+        "pick": {k: v for k, v in export.items() if k != "model_name_or_path"},
+        "manual": {k: v for k, v in manual["config"].items() if k != "model_name_or_path"},
+        "pick_samples_per_sec": statistics.median(pick),
+        "manual_samples_per_sec": statistics.median(hand),
+        "ratio": statistics.median(pick) / statistics.median(hand),
         "round_ratios": ratios,
+        "peaks_gib": {name: max(r["peak_bytes"] for r in found) / 1024**3 for name, found in runs.items()},
+        "search": {
+            "minutes": search_minutes,
+            "probes": summary["cost"]["probes_run"],
+            "probe_minutes": summary["cost"]["probe_wall_seconds"] / 60,
+            "trials": summary["trials"],
+        },
+        "manual_path": {
+            "launches": len(manual["launches"]),
+            "failed": len(failed),
+            "failed_minutes": sum(launch["seconds"] for launch in failed) / 60,
+            "minutes": sum(launch["seconds"] for launch in manual["launches"]) / 60,
+        },
+        "defaults": failed[0] if failed else manual["launches"][0],
         "study_pick_trial": (summary.get("recommended") or {}).get("trial"),
     }
 
 
-def fidelity(args: argparse.Namespace, log) -> dict[str, Any]:
+# --- --fidelity --------------------------------------------------------------------------------------------
+
+
+def fidelity(args: argparse.Namespace, log: Log) -> dict[str, Any]:
     from autotune.probe.launcher import run_probe
     from autotune.space.model import load_space
 
@@ -187,6 +347,35 @@ def fidelity(args: argparse.Namespace, log) -> dict[str, Any]:
     return {"configs": len(configs), "spearman": float(rho), "medians": medians}
 
 
+def report(found: dict[str, Any]) -> None:
+    if "fidelity" in found:
+        f = found["fidelity"]
+        print(f"fidelity: Spearman {f['spearman']:.3f} over {f['configs']} configurations (builtin vs TRL)")
+        return
+    g = found["binding"]
+    defaults = g["defaults"]
+    print(
+        f"TRL's defaults under {g['budget_gib']:.2f} GiB: "
+        + (
+            f"emulated OOM (killed at {defaults['peak_bytes'] / 1024**3:.2f} GiB, "
+            f"{defaults['seconds']:.0f} s in)"
+            if defaults["oom"]
+            else "ran within the budget"
+        )
+    )
+    rounds = ", ".join(f"{r:.2f}" for r in g["round_ratios"])
+    print(
+        f"pick {g['pick_samples_per_sec']:.2f}, manual path {g['manual_samples_per_sec']:.2f} samples/s "
+        f"(TRL's step_time); ratio {g['ratio']:.2f}x (rounds: {rounds})"
+    )
+    s, m = g["search"], g["manual_path"]
+    same = {k: v for k, v in g["pick"].items() if k != "dataloader_num_workers"}
+    if same.items() <= {**g["manual"], "activation_checkpointing": True}.items():
+        print("the pick is the manual path's config (but for the loader workers)")
+    print(f"search: {s['probes']} probes, {s['minutes']:.1f} min", end="; ")
+    print(f"manual path: {m['launches']} launches, {m['minutes']:.1f} min")
+
+
 def main() -> int:
     args = parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -197,13 +386,12 @@ def main() -> int:
             out.flush()
 
         log({"kind": "run", "args": {k: str(v) for k, v in vars(args).items()}, "machine": common.machine()})
-        found = {"gain": gain(args, Path(tmp), log), "fidelity": fidelity(args, log)}
-        log({"kind": "summary", **found})
-    g, f = found["gain"], found["fidelity"]
-    export, defaults = g["export_samples_per_sec"], g["defaults_samples_per_sec"]
-    print(f"export {export:.2f}, TRL defaults {defaults:.2f} samples/s (TRL's step_time)")
-    print(f"ratio {g['ratio']:.2f}x (rounds: {', '.join(f'{r:.2f}' for r in g['round_ratios'])})")
-    print(f"fidelity: Spearman {f['spearman']:.3f} over {f['configs']} configurations (builtin vs TRL)")
+        if args.fidelity:
+            found = {"fidelity": fidelity(args, log)}
+        else:
+            found = {"binding": binding(args, Path(tmp), log)}
+        log({"kind": "summary", **found, "machine_after": common.machine()})
+    report(found)
     return 0
 
 

@@ -14,6 +14,7 @@ import yaml
 from autotune.config.knobs import ProbeConfig
 from autotune.config.rules import config_findings
 from autotune.errors import UserError
+from autotune.formats.read import read_target
 from autotune.formats.verl import AR, parse_overrides, verl_rule_violations
 from autotune.memory.budget import Budget
 from autotune.report.selection import best_feasible, select
@@ -21,6 +22,7 @@ from autotune.report.write import files_for, write_report
 from autotune.study.plan import StudyPlan
 from autotune.units import GIB
 from tests.report_studies import (
+    BASE,
     BUDGET,
     FakeProbe,
     infeasible_study,
@@ -410,3 +412,23 @@ def test_the_plan_stores_the_spaces_recipe():
     plan = StudyPlan.of(space, ProbeSettings(), BUDGET, 6)
     assert plan.recipe == space.recipe() and plan.tune == []
     assert plan.space["knobs"]["mini_batch_size"] == space.recipe()["mini_batch_size"]
+
+
+def test_a_trl_study_writes_trl_files_without_verls_blocks(tmp_path):
+    """--target trl: best_config.yaml carries no rollout engine and no verl keys; trl_config.yaml carries the
+    measurement in its header; the reports say how to start TRL, not verl."""
+    study = new_study("trl")
+    config = dataclasses.replace(BASE, algorithm="grpo", rollout_n=4, train_batch_size=32)
+    record(study, "ok", config, 10.0, 0.5)
+    result = write_report(study, tmp_path, BUDGET, plan=StudyPlan(model="tiny-llama", target="trl"))
+    assert result.chosen is not None and set(result.files) >= {"best_config.yaml", "trl_config.yaml"}
+    assert not (tmp_path / "verl_overrides.txt").exists()
+    text = (tmp_path / "best_config.yaml").read_text()
+    data = yaml.safe_load(text)
+    assert "rollout_engine" not in data and "verl_export" not in data and "verl_overrides" not in text
+    assert data["measured"]["peak_memory_gib"] == 0.5
+    target = read_target(tmp_path / "trl_config.yaml")
+    assert target.measured is not None and target.measured.peak_bytes == int(0.5 * GIB)
+    report_md = (tmp_path / "report.md").read_text()
+    assert "trl grpo --config trl_config.yaml" in report_md and "verl_overrides.txt" not in report_md
+    assert "trl grpo" in (tmp_path / "report.html").read_text()

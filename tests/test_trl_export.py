@@ -51,6 +51,44 @@ def grpo_config(config: ProbeConfig, tmp_path) -> GRPOConfig:
     return GRPOConfig(**trl_fields(config).grpo, output_dir=str(tmp_path), use_cpu=True, bf16=False)
 
 
+def test_the_export_names_checkpointing_as_trl_reads_it_without_a_deprecation_warning(tmp_path):
+    """TRL 1.16's GRPOConfig keeps `gradient_checkpointing` (default true), which transformers 5.24+ reads as
+    a deprecated alias with a FutureWarning; the export's field is the current one, and it decides."""
+    import warnings
+
+    for on in (True, False):
+        fields = trl_fields(dataclasses.replace(BASE, gradient_checkpointing=on)).grpo
+        assert "gradient_checkpointing" not in fields
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            args = grpo_config(dataclasses.replace(BASE, gradient_checkpointing=on), tmp_path)
+        assert args.activation_checkpointing is on and args.gradient_checkpointing is on
+    with pytest.warns(FutureWarning, match="gradient_checkpointing"):  # TRL's own default still warns
+        GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False)
+
+
+def test_vllm_colocation_is_written_only_with_a_share_and_grpo_config_takes_it(tmp_path):
+    assert not {"use_vllm", "vllm_mode", "vllm_gpu_memory_utilization"} & set(trl_fields(BASE).grpo)
+    args = grpo_config(dataclasses.replace(BASE, gpu_memory_utilization=0.45), tmp_path)
+    assert (args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization) == (True, "colocate", 0.45)
+    assert not grpo_config(BASE, tmp_path).use_vllm  # TRL's default: transformers' generate
+
+
+def test_trl_has_no_liger_grpo_loss_and_deprecates_its_kernel_flag():
+    """Why the Liger knob is not searched (formats/trl.py NOT_SEARCHED): TRL 1.16's GRPOConfig has no Liger
+    loss field, and GRPOTrainer warns that use_liger_kernel is deprecated."""
+    import inspect
+
+    from trl import GRPOTrainer
+
+    from autotune.formats.trl import NOT_SEARCHED
+
+    assert "use_liger_loss" not in {f.name for f in dataclasses.fields(GRPOConfig)}
+    assert "use_liger_kernel" in {f.name for f in dataclasses.fields(GRPOConfig)}
+    assert "`use_liger_kernel=True` is deprecated" in inspect.getsource(GRPOTrainer.__init__)
+    assert set(NOT_SEARCHED) == {"use_liger_kernel", "steps_per_generation"}
+
+
 def test_grpo_config_accepts_every_export_and_derives_the_recipe(tmp_path):
     configs = exports()
     assert len(configs) >= 40
@@ -88,8 +126,8 @@ def test_a_knob_trl_does_not_read_changes_nothing_in_the_export():
 
 
 def test_every_written_field_has_a_route_and_every_route_that_reads_is_written():
-    written = {**trl_fields(dataclasses.replace(BASE, use_lora=True)).grpo}
-    written.update(trl_fields(dataclasses.replace(BASE, use_lora=True)).peft)
+    everything = dataclasses.replace(BASE, use_lora=True, gpu_memory_utilization=0.4)
+    written = {**trl_fields(everything).grpo, **trl_fields(everything).peft}
     routed = {name for route in ROUTES for name in route.fields}
     assert set(written) == routed
 
@@ -179,7 +217,38 @@ def test_every_knob_trl_reads_changes_the_trainer_trl_builds(tmp_path):
         assert changed != base, f"{knob}={value} left TRL's trainer unchanged"
     lora = trainer_digest(dataclasses.replace(BASE, use_lora=True, lora_r=4, lora_alpha=8), folder, tmp_path)
     assert lora["lora"] == (4, 8) and not lora["reference"]  # TRL's reference is the base without adapters
-    assert {k for k, v in VARIANTS.items()} | {"lora_r", "lora_alpha"} == {r.knob for r in ROUTES if r.reads}
+    # vLLM's share: proved on CUDA by the test below
+    proved = {*VARIANTS, "lora_r", "lora_alpha", "gpu_memory_utilization"}
+    assert proved == {r.knob for r in ROUTES if r.reads}
+
+
+@pytest.mark.e2e  # vLLM colocated in GRPOTrainer: a CUDA machine with vLLM installed
+def test_vllms_share_changes_the_generator_trl_builds(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("TRL's vLLM colocation needs CUDA")
+    pytest.importorskip("vllm")
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOTrainer
+
+    from autotune.models.registry import build_causal_lm, resolve_model
+    from autotune.models.tokenizer import load_tokenizer
+
+    folder = tmp_path / "model"
+    spec = resolve_model("tiny-llama")
+    build_causal_lm(spec, dtype="bfloat16").save_pretrained(folder)
+    load_tokenizer(spec).save_pretrained(folder)
+    config = dataclasses.replace(BASE, gpu_memory_utilization=0.2)
+    trainer = GRPOTrainer(
+        model=str(folder),
+        reward_funcs=lambda completions, **_: [0.0] * len(completions),
+        args=GRPOConfig(**trl_fields(config).grpo, output_dir=str(tmp_path), report_to="none"),
+        train_dataset=Dataset.from_dict({"prompt": ["a b c"] * 64}),
+        processing_class=AutoTokenizer.from_pretrained(folder),
+    )
+    assert trainer.use_vllm and trainer.vllm_generation.mode == "colocate"
+    assert trainer.vllm_generation.gpu_memory_utilization == 0.2
 
 
 def test_a_minimal_trl_config_is_checked_with_trls_defaults(tmp_path):
@@ -212,3 +281,77 @@ def test_a_trl_space_with_verls_dynamic_batch_size_is_one_line():
     ):
         check_trl_space(dynamic)
     check_trl_space(space)  # the shipped TRL space has none
+
+
+def test_a_study_export_carries_its_measurement_and_prompt_length_for_check(tmp_path):
+    """trl_config.yaml's header holds the study's figures (comments TRL skips); check reads them back."""
+    measured = {
+        "peak_memory_bytes": 1_100_000_000,
+        "device": "cpu",
+        "gpus": 1,
+        "gpu": None,
+        "budget_gib": 1.3,
+        "headroom": 0.1,
+        "samples_per_sec": 2.5,
+        "study_name": "s",
+        "trial_number": 3,
+    }
+    config = dataclasses.replace(BASE, max_prompt_length=64)
+    path = tmp_path / "trl_config.yaml"
+    path.write_text(trl_config_text(config, 1, "/m", "cpu", measured))
+    target = read_target(path)
+    assert target.measured is not None and target.measured.peak_bytes == 1_100_000_000
+    assert target.measured.device == "cpu" and target.device == "cpu"
+    assert target.config.max_prompt_length == 64 and target.prompt_known
+    assert not [f for f in target.findings if f.check == "schema"]  # gradient_accumulation_steps is TRL's
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("per_device_train_batch_size: 4\nnum_generations: 4\ngradient_accumulation_steps: 2\n")
+    target = read_target(bare)
+    assert target.measured is None and not target.prompt_known and target.device is None
+    assert [f.key for f in target.findings if f.check == "lengths"] == ["max_prompt_length"]
+
+
+@pytest.mark.parametrize(
+    "fields,share",
+    [
+        ({"use_vllm": True, "vllm_gpu_memory_utilization": 0.4}, 0.4),
+        ({"use_vllm": True, "vllm_mode": "server"}, None),  # vLLM on other GPUs: not this process's memory
+        ({"vllm_gpu_memory_utilization": 0.4}, None),  # no vLLM without use_vllm
+    ],
+)
+def test_trls_vllm_fields_read_back_as_the_share(tmp_path, fields, share):
+    path = tmp_path / "trl_config.yaml"
+    path.write_text(yaml.safe_dump({"per_device_train_batch_size": 4, "num_generations": 4, **fields}))
+    assert read_target(path).config.gpu_memory_utilization == share
+
+
+def test_vllm_is_refused_for_trl_on_cpu_and_its_other_knobs_for_trl_anywhere():
+    from autotune.config.rules import engine_findings
+
+    share = dataclasses.replace(BASE, gpu_memory_utilization=0.4)
+    assert engine_findings(share, "trl", "cuda") == [] and engine_findings(share, "trl") == []
+    assert [f.key for f in engine_findings(share, "trl", "cpu")] == ["gpu_memory_utilization"]
+    assert [f.key for f in engine_findings(share, "builtin", "cuda")] == ["gpu_memory_utilization"]
+    seqs = dataclasses.replace(BASE, max_num_seqs=64)
+    assert [f.key for f in engine_findings(seqs, "trl", "cuda")] == ["max_num_seqs"]
+
+
+def test_a_trl_space_may_tune_the_generation_batch_and_each_is_exported_as_trl_reads_it(tmp_path):
+    """generation_batch_size is the train batch, part of the recipe: searched only when `tune:` names it."""
+    import copy
+
+    from autotune.run.prepare import check_trl_space
+    from autotune.space.model import load_space, space_from_dict
+
+    space = load_space("trl-cpu-budget")
+    raw = copy.deepcopy(dict(space.raw))
+    raw["knobs"]["train_batch_size"] = {"min": 16, "max": 32}
+    raw["tune"] = ["train_batch_size"]
+    tuned = space_from_dict(raw, source="tuned.yaml", cores=space.cores, name="tuned")
+    check_trl_space(tuned)
+    rounds = {c.train_batch_size: c for c in tuned.grid()}
+    assert set(rounds) == {16, 32} and tuned.tune == ("train_batch_size",)
+    for train, config in rounds.items():
+        args = grpo_config(config, tmp_path)
+        assert args.generation_batch_size == train
+        assert args.steps_per_generation == train // config.micro_batch_size

@@ -217,3 +217,40 @@ def test_check_refuses_a_field_trl_lacks_in_one_line(tmp_path, cli):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "max_prompt_lenght=128" in lines[0] and str(path) in lines[0]
     assert "Some keys are not used by the HfArgumentParser" in lines[0]
+
+
+def test_every_problem_trl_refuses_is_named_at_once_in_one_line(tmp_path, capsys):
+    """TRL's parser stops at its first refusal; check names them all (fields TRL lacks, values it cannot
+    convert), exit 2, no traceback."""
+    from autotune.cli import main
+
+    path = tmp_path / "trl_config.yaml"
+    path.write_text(
+        "num_generations: 4\nper_device_train_batch_sizes: 4\ngradient_accumulation_steps: '2.0'\n"
+        "gradient_checkpointing: maybe\n"
+    )
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: config '{path}': ")
+    for said in (
+        "per_device_train_batch_sizes=4: Some keys are not used by the HfArgumentParser",
+        "fix: per_device_train_batch_size for per_device_train_batch_sizes?",
+        "gradient_accumulation_steps='2.0': TRL refuses it: argument --gradient_accumulation_steps",
+        "gradient_checkpointing='maybe': TRL refuses it: argument --gradient_checkpointing",
+    ):
+        assert said in err, err
+
+
+def test_a_ppo_study_for_trl_is_one_line_before_anything_runs(tmp_path, capsys):
+    from autotune.cli import main
+
+    space = yaml.safe_load((REPO / "search_spaces" / "trl-cpu-tiny.yaml").read_text())
+    space.update(algorithm="ppo", rollout_n=1)
+    space.pop("seed_configs")
+    path = tmp_path / "ppo.yaml"
+    path.write_text(yaml.safe_dump(space))
+    code = main(["run", "--target", "trl", "--space", str(path), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "algorithm=ppo: TRL's GRPOTrainer trains GRPO only (it has no critic" in err
+    assert not (tmp_path / "out").exists()

@@ -14,18 +14,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = add_command(
         sub,
         "check",
-        "report every problem of a config (best_config.yaml or verl overrides) with its fix",
+        "report every problem of a config (best_config.yaml, verl overrides, trl_config.yaml) with its fix",
         "Reads best_config.yaml's schema (the seed article's, with mini_batch_size or "
-        "gradient_accumulation_steps) or a verl override file: divisibility, rollout workers vs cores, "
-        "lengths vs data, predicted memory vs the card, reward model frozen, rollout batch size. Exit 0 "
-        "clean, 1 problems found, 2 unreadable input.",
+        "gradient_accumulation_steps), a verl override file, or a TRL config (as `trl grpo --config` reads "
+        "it): divisibility, rollout workers vs cores, lengths vs data, predicted memory vs the card, reward "
+        "model frozen, rollout batch size. Exit 0 clean, 1 problems found, 2 unreadable input.",
         [
             "autotune check reports/my-study/best_config.yaml",
             "autotune check verl_overrides.txt --gpus 8 --gpu h100-80g --data data/train.jsonl",
+            "autotune check trl_config.yaml --gpu a100-40g --data data/train.jsonl",
             "autotune check config.yaml --gpus 2 --trace",
         ],
     )
-    parser.add_argument("config", type=Path, help="a YAML config or a verl override file (key=value lines)")
+    parser.add_argument(
+        "config", type=Path, help="a YAML config (best_config.yaml, trl_config.yaml) or a verl override file"
+    )
     parser.add_argument("--gpus", type=RANKS, help="GPUs of the job (default: the config's, else 1)")
     card = parser.add_mutually_exclusive_group()
     card.add_argument("--gpu", help="the card: a100-40g, a100-80g, h100-80g, h200, rtx3090, l40s, ...")

@@ -99,7 +99,7 @@ def _probe(args: argparse.Namespace, cluster) -> int:
     config = ProbeConfig(**resolve_mini_batch(parse_sets(args.sets), ranks))
     raise_for(config_findings(config, ranks) + engine_findings(config, args.engine))  # before the model
     device = _device(args, cluster)
-    raise_for(offload_findings(config, device))
+    raise_for(offload_findings(config, device) + engine_findings(config, args.engine, device))
     spec = resolve_model(args.model, args.weights, args.trust_remote_code)
     resolve_reward_model(args.reward_model)
     raise_for(model_findings(config, spec))

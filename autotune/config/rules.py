@@ -320,17 +320,47 @@ def _budget_findings(c: ProbeConfig) -> list[Finding]:
     return found
 
 
-def engine_findings(c: ProbeConfig, engine: str) -> list[Finding]:
-    """vLLM's knobs are measured by verl only: the built-in probe has no vLLM pool and no tensor-parallel
-    rollout. Dynamic batch size and its budgets it packs as verl does."""
+def engine_findings(c: ProbeConfig, engine: str, device: str | None = None) -> list[Finding]:
+    """vLLM's knobs are measured by the trainer that runs vLLM: verl (its pool), or TRL (vLLM colocated in
+    each training process: its share only, on CUDA; `device` None: not known yet). The built-in probe has
+    no vLLM pool and no tensor-parallel rollout. Dynamic batch size and its budgets it packs as verl does."""
     if engine == "verl" or not c.uses_vllm_knobs:
         return []
     named = [name for name in VLLM_KNOBS if getattr(c, name) is not None]
+    if engine == "trl":
+        return _trl_vllm_findings(c, named, device)
     problem = (
-        f"{', '.join(named)}: vLLM's knobs, measured only with --engine verl (the built-in probe has no "
-        f"vLLM pool or tensor-parallel rollout)"
+        f"{', '.join(named)}: vLLM's knobs, measured only with --engine verl or, for the share, --engine trl "
+        f"on CUDA (the built-in probe has no vLLM pool or tensor-parallel rollout)"
     )
     return [Finding("verl", problem, "--engine verl, or leave them out", key=named[0])]
+
+
+def _trl_vllm_findings(c: ProbeConfig, named: list[str], device: str | None) -> list[Finding]:
+    """TRL colocates vLLM with a share of the card (vllm_gpu_memory_utilization); the rest autotune does not
+    search for TRL, and vLLM needs CUDA."""
+    others = [name for name in named if name != "gpu_memory_utilization"]
+    if others:
+        problem = f"{', '.join(others)}: not searched for TRL (it sets vLLM's sequences itself)"
+        return [
+            Finding(
+                "trl", problem, "leave them out; gpu_memory_utilization is TRL's vLLM share", key=others[0]
+            )
+        ]
+    if device is not None and device != "cuda":
+        problem = (
+            f"gpu_memory_utilization={c.gpu_memory_utilization}: TRL's vLLM colocation (use_vllm) runs on "
+            f"CUDA only, not on {device}"
+        )
+        return [
+            Finding(
+                "trl",
+                problem,
+                "leave it out on CPU (TRL then generates with transformers)",
+                key="gpu_memory_utilization",
+            )
+        ]
+    return []
 
 
 def _verl_value_findings(c: ProbeConfig) -> list[Finding]:

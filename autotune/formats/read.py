@@ -28,6 +28,7 @@ from autotune.formats.launch_script import looks_like_launch_script
 from autotune.formats.seed_yaml import read_seed
 from autotune.formats.target import DEFAULT_LAYOUT, Measured, Target, looks_like_overrides
 from autotune.formats.trl import looks_like_trl, read_trl_config
+from autotune.formats.trl import measured_block as trl_measured_block
 from autotune.formats.verl import read_overrides
 from autotune.units import GIB
 
@@ -59,7 +60,9 @@ def read_target(path: Path, gpus: int | None = None) -> Target:
             f"overrides (key=value lines)"
         )
     if looks_like_trl(data):
-        return read_trl_config(data, path, text, gpus)
+        target = read_trl_config(data, path, text, gpus)
+        target.measured = read_measured(trl_measured_block(text))  # the figures its header carries
+        return target
     target = read_seed(data, path, gpus)
     target.measured = read_measured(data.get("measured"))
     return target if _names_sharding(data) else _default_layout(target)

@@ -60,6 +60,8 @@ class Target:
     engine: Any = None  # the rollout engine settings the file names (autotune.formats.rollout.RolloutEngine)
     measured: Measured | None = None  # best_config.yaml's measurement, when it has a usable one
     layout_assumed: bool = False  # the file names no sharding: DEFAULT_LAYOUT was applied
+    device: str | None = None  # the device the file says it runs on (TRL's use_cpu); None: a GPU's
+    prompt_known: bool = True  # False: the file cannot say its prompts' length (TRL's, not autotune's)
 
     def __post_init__(self) -> None:
         # YAML and Hydra type a bare `1` or `true` as a number or a boolean; a model path is text.

@@ -16,6 +16,8 @@ processes of them (the mini batch M); so one round feeds T/M optimizer steps, as
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +29,7 @@ from autotune.config.knobs import ProbeConfig, mini_batch_size
 from autotune.config.rules import Finding
 from autotune.errors import UserError
 from autotune.formats.target import Target
-from autotune.formats.trl_read import launch_options, parse_trl
+from autotune.formats.trl_read import fields, launch_options, parse_trl
 
 __all__ = [
     "ROUTES",
@@ -44,6 +46,13 @@ __all__ = [
 ]
 
 TRL_VERSION = "1.16.0"
+# transformers 5.24+ renamed TrainingArguments.gradient_checkpointing to activation_checkpointing (the old
+# name warns): the export writes the name of the parser autotune judges files with (trl_schema.json)
+CHECKPOINTING = (
+    "activation_checkpointing" if "activation_checkpointing" in fields() else "gradient_checkpointing"
+)
+# vLLM colocated in each training process (CUDA only), written when the configuration sets vLLM's share
+VLLM_FIELDS = ("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization")
 TRL_KIND = "TRL config"  # Target.kind of a trl_config.yaml read back
 GRPO_TRAINER = "trl/trainer/grpo_trainer.py"
 GRPO_CONFIG = "trl/trainer/grpo_config.py"
@@ -99,9 +108,10 @@ ROUTES = (
     ),
     Route(
         "gradient_checkpointing",
-        ("gradient_checkpointing",),
-        "transformers Trainer: gradient_checkpointing_enable on the policy (transformers 5 names it "
-        "activation_checkpointing and reads this name as its alias)",
+        (CHECKPOINTING,),
+        "transformers Trainer.train: activation checkpointing on the policy. TRL 1.16's GRPOConfig keeps "
+        "`gradient_checkpointing` (default true), which transformers 5.24+ reads as a deprecated alias of "
+        "`activation_checkpointing` with a FutureWarning: the export writes the current name",
     ),
     Route(
         "num_rollout_workers",
@@ -131,19 +141,43 @@ ROUTES = (
         Route(name, (), "accelerate's FSDP or DeepSpeed config, not GRPOConfig: the TRL export runs DDP")
         for name in ("sharding", "param_offload", "optimizer_offload", "offload_policy")
     ),
+    Route(
+        "gpu_memory_utilization",
+        VLLM_FIELDS,
+        f"{GRPO_TRAINER} GRPOTrainer.__init__: use_vllm builds VLLMGeneration in vllm_mode 'colocate' "
+        f"(vLLM in each training process, CUDA only) with gpu_memory_utilization="
+        f"vllm_gpu_memory_utilization; unset: TRL's default, transformers' generate",
+    ),
+    Route(
+        "tensor_model_parallel_size",
+        (),
+        "TRL's vllm_tensor_parallel_size (colocate): not searched by autotune; TRL's default 1 is written",
+    ),
+    Route(
+        "max_num_seqs",
+        (),
+        "TRL sets vLLM's max_num_seqs itself: per_device_train_batch_size × tensor parallel × "
+        "steps_per_generation",
+    ),
     *(
-        Route(name, (), "a verl knob: TRL's vLLM settings are not searched by autotune")
-        for name in (
-            "gpu_memory_utilization",
-            "tensor_model_parallel_size",
-            "max_num_seqs",
-            "use_dynamic_bsz",
-            "ppo_max_token_len_per_gpu",
-        )
+        Route(name, (), "verl's dynamic batch size: TRL pads fixed micro batches")
+        for name in ("use_dynamic_bsz", "ppo_max_token_len_per_gpu")
     ),
 )
 PEFT_FIELDS = ("use_peft", "lora_r", "lora_alpha")
 ROUTE_OF = {route.knob: route for route in ROUTES}
+# What TRL 1.16 offers beside the routes, and why autotune does not search it
+NOT_SEARCHED = {
+    "use_liger_kernel": (
+        f"deprecated in {GRPO_TRAINER} (a FutureWarning; removed in TRL 2.0) and it patches the layers "
+        f"only: GRPO's loss already takes its log-probs through TRL's own fused LM head, in tiles, without "
+        f"the full logits (add_fused_lm_head); TRL 1.16 has no Liger GRPO loss field"
+    ),
+    "steps_per_generation": (
+        "the same round as generation_batch_size (GRPOConfig refuses both at once): the export writes "
+        "generation_batch_size, and check reads either"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -165,11 +199,23 @@ def not_trl_knobs() -> tuple[str, ...]:
 def trl_fields(config: ProbeConfig) -> TrlFields:
     """The field of every route that reads, with its knob's value (ROUTES is the one mapping); LoRA's fields
     only when LoRA is on. Each field counts per process or over all, as TRL does: no GPU count is needed."""
-    values = {route.fields[0]: getattr(config, route.knob) for route in ROUTES if route.reads}
+    values: dict[str, Any] = {}
+    for route in ROUTES:
+        if route.reads:
+            values.update(_written(route, getattr(config, route.knob)))
     values["beta"] = float(values["beta"])  # a YAML `kl_coef: 0` is an int; GRPOConfig's beta is a float
     grpo = {name: value for name, value in values.items() if name not in PEFT_FIELDS}
     peft = {name: values[name] for name in PEFT_FIELDS} if config.use_lora else {}
     return TrlFields(grpo=grpo, peft=peft)
+
+
+def _written(route: Route, value: Any) -> dict[str, Any]:
+    """The fields a route writes for its knob's value: vLLM's three only when its share is set."""
+    if route.fields != VLLM_FIELDS:
+        return {route.fields[0]: value}
+    if value is None:
+        return {}
+    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": float(value)}
 
 
 def trl_findings(config: ProbeConfig, gpus: int) -> list[Finding]:
@@ -184,7 +230,12 @@ def _trl_rules(c: ProbeConfig, gpus: int) -> list[tuple[str, str, str]]:
     rules = []
     if c.algorithm != "grpo":
         rules.append(
-            ("algorithm", f"algorithm={c.algorithm}: TRL's GRPOTrainer trains GRPO", "algorithm: grpo")
+            (
+                "algorithm",
+                f"algorithm={c.algorithm}: TRL's GRPOTrainer trains GRPO only (it has no critic to learn "
+                f"PPO's values)",
+                "algorithm: grpo with rollout_n >= 2, or --target verl for PPO",
+            )
         )
     if c.rollout_n < 2:
         rules.append(
@@ -229,8 +280,16 @@ def _trl_rules(c: ProbeConfig, gpus: int) -> list[tuple[str, str, str]]:
     return rules
 
 
-def trl_config_text(config: ProbeConfig, gpus: int, model: str | None, device: str) -> str:
-    """trl_config.yaml: the model, GRPOConfig's fields, LoRA's, and (measured on CPU) the CPU switches."""
+def trl_config_text(
+    config: ProbeConfig,
+    gpus: int,
+    model: str | None,
+    device: str,
+    measured: dict[str, Any] | None = None,
+) -> str:
+    """trl_config.yaml: the model, GRPOConfig's fields, LoRA's, and (measured on CPU) the CPU switches. A
+    study's `measured` figures (best_config.yaml's block) go in the header, as comments TRL skips: one line
+    for people, one JSON line `autotune check` reads back (MEASURED_LINE)."""
     fields = trl_fields(config)
     header = [
         f"# trl_config.yaml for TRL {TRL_VERSION}'s GRPOTrainer on {gpus} process(es), written by autotune.",
@@ -240,10 +299,55 @@ def trl_config_text(config: ProbeConfig, gpus: int, model: str | None, device: s
         "# Prompts are not truncated by TRL 1.16: the study measured prompts of "
         f"{config.max_prompt_length} tokens.",
     ]
+    if CHECKPOINTING == "activation_checkpointing":
+        header.append(
+            "# activation_checkpointing is transformers 5.24+'s name for gradient_checkpointing (which warns "
+            "there); an older transformers knows only gradient_checkpointing."
+        )
+    if measured is not None:
+        header += _measured_lines(measured, config.max_prompt_length)
     body: dict[str, Any] = {"model_name_or_path": model or "/path/to/model", **fields.grpo, **fields.peft}
     if device == "cpu":  # measured so: a CPU run in fp32; on a GPU leave TRL's defaults (bf16)
         body.update(use_cpu=True, bf16=False)
     return "\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False)
+
+
+MEASURED_LINE = "# autotune-measured: "  # then best_config.yaml's measured figures as one JSON object
+MEASURED_KEYS = (
+    "peak_memory_bytes",
+    "device",
+    "gpus",
+    "gpu",
+    "budget_gib",
+    "headroom",
+    "samples_per_sec",
+    "study_name",
+    "trial_number",
+)
+
+
+def _measured_lines(measured: dict[str, Any], prompt_tokens: int) -> list[str]:
+    peak, budget = measured["peak_memory_bytes"] / 1024**3, measured.get("budget_gib")
+    emulated = " (peak RSS; the budget is emulated on CPU)" if measured.get("device") == "cpu" else ""
+    said = (
+        f"# Measured by study {measured.get('study_name')} (trial #{measured.get('trial_number')}): "
+        f"{measured.get('samples_per_sec')} samples/s, peak {peak:.3f} GiB per process on "
+        f"{measured.get('gpu') or measured.get('device')}{emulated}, budget {budget} GiB less "
+        f"{measured.get('headroom', 0):.0%} headroom."
+    )
+    block = {key: measured.get(key) for key in MEASURED_KEYS}
+    block["prompt_tokens"] = prompt_tokens
+    return [said, MEASURED_LINE + json.dumps(block)]
+
+
+def measured_block(text: str) -> dict[str, Any] | None:
+    """The study's figures a trl_config.yaml's header carries (None: a file autotune did not write)."""
+    for line in text.splitlines():
+        if line.startswith(MEASURED_LINE):
+            with contextlib.suppress(ValueError):
+                found = json.loads(line[len(MEASURED_LINE) :])
+                return found if isinstance(found, dict) else None
+    return None
 
 
 def launch_line(path: str, gpus: int) -> str:
@@ -269,8 +373,10 @@ def read_trl_config(data: dict[str, Any], path: Path, text: str, gpus: int | Non
     (default: the file's accelerate `num_processes`, else its header's, else 1)."""
     values = parse_trl(data, where=str(path))
     processes = gpus or _processes(data, text, str(path))
-    read = {knob: values[name] for name, knob in FIELD_KNOB.items()}
+    read = {knob: values[name] for name, knob in FIELD_KNOB.items() if name not in VLLM_FIELDS}
     read["gradient_checkpointing"] = values["activation_checkpointing"]  # the alias, resolved by TRL
+    colocated = values["use_vllm"] and values["vllm_mode"] == "colocate"
+    read["gpu_memory_utilization"] = values["vllm_gpu_memory_utilization"] if colocated else None
     if "generation_batch_size" not in data:  # GRPOConfig derives it on the processes that run it
         read["train_batch_size"] = (
             values["per_device_train_batch_size"] * processes * values["steps_per_generation"]
@@ -282,13 +388,16 @@ def read_trl_config(data: dict[str, Any], path: Path, text: str, gpus: int | Non
         )
     # TRL generates a process's share of a round in one call: the memory model's rollout batch is the round
     read["rollout_batch_size"] = read["train_batch_size"]
+    prompt = _prompt_tokens(text)
+    read["max_prompt_length"] = prompt or ProbeConfig.max_prompt_length
     read["use_lora"] = bool(read["use_lora"])
     try:
         config = ProbeConfig(algorithm="grpo", **read)
     except (TypeError, ValueError) as exc:
         raise UserError(f"config '{path}': {exc}") from None
-    launch = [name for name in data if name in launch_options()]
-    findings = [
+    launch = [name for name in data if name in launch_options() and name not in fields()]
+    findings = [] if prompt else [_prompt_note(config.max_prompt_length)]
+    findings += [
         Finding(
             "schema",
             f"{name}: an accelerate launch option: `trl grpo` hands it to accelerate launch",
@@ -306,6 +415,26 @@ def read_trl_config(data: dict[str, Any], path: Path, text: str, gpus: int | Non
         sharding_label="replicated (DDP, one process per GPU)",
         gpus=processes,
         findings=findings + trl_findings(config, processes),
+        device="cpu" if values["use_cpu"] else None,
+        prompt_known=prompt is not None,
+    )
+
+
+def _prompt_tokens(text: str) -> int | None:
+    """The prompts' tokens the study measured (its header's figures); None for a file autotune did not
+    write: TRL 1.16 has no prompt limit, so the file cannot say."""
+    tokens = (measured_block(text) or {}).get("prompt_tokens")
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else None
+
+
+def _prompt_note(assumed: int) -> Finding:
+    return Finding(
+        "lengths",
+        f"prompt length not known: TRL 1.16 does not truncate prompts and the file cannot say their length; "
+        f"memory is judged at {assumed} prompt tokens",
+        "pass --data DATA (your prompts) to judge memory at their length",
+        severity="note",
+        key="max_prompt_length",
     )
 
 

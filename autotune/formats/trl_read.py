@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import functools
 import io
 import json
@@ -74,20 +75,16 @@ def parse_trl(data: dict[str, Any], where: str, use_trl: bool | None = None) -> 
     process), or a UserError in TRL's words. `use_trl`: TRL's own parser (default: when importable) or the
     shipped schema's rules."""
     data = dict(data)
+    data_of = dict(data)
     env = data.pop("env", {})
     if not isinstance(env, dict):  # TrlParser.parse_args_and_config
         raise UserError(f"config '{where}': env={env!r}: `env` field should be a dict in the YAML file.")
     known = fields()
     unknown = [key for key in data if key not in known and key not in launch_options()]
-    if unknown:
-        shown = ", ".join(f"{key}={data[key]!r}" for key in unknown)
-        why = "; ".join(NOT_IN_TRL_1_16[key] for key in unknown if key in NOT_IN_TRL_1_16)
-        raise UserError(
-            f"config '{where}': {shown}: Some keys are not used by the HfArgumentParser: {sorted(unknown)} "
-            f"(not a field of TRL 1.16's GRPOConfig, ModelConfig or script arguments, nor an accelerate "
-            f"launch option{'; ' + why if why else ''})"
-        )
     data = {key: value for key, value in data.items() if key in known}
+    found = ([_unknown(unknown, data_of)] if unknown else []) + _conversions(data)
+    if len(found) > 1 or unknown:  # every problem at once (TRL's parser stops at its first)
+        raise UserError(f"config '{where}': " + "; ".join(found))
     use_trl = trl_importable() if use_trl is None else use_trl
     try:
         values = _by_trl(data) if use_trl else _by_schema(data)
@@ -100,6 +97,31 @@ def parse_trl(data: dict[str, Any], where: str, use_trl: bool | None = None) -> 
         if problem:
             raise UserError(f"config '{where}': {name}={value!r}: {problem}")
     return values
+
+
+def _unknown(unknown: list[str], data: dict[str, Any]) -> str:
+    shown = ", ".join(f"{key}={data[key]!r}" for key in unknown)
+    why = [NOT_IN_TRL_1_16[key] for key in unknown if key in NOT_IN_TRL_1_16]
+    for key in unknown:
+        close = difflib.get_close_matches(key, [*fields(), *launch_options()], n=1, cutoff=0.8)
+        if close and key not in NOT_IN_TRL_1_16:
+            why.append(f"fix: {close[0]} for {key}?")
+    return (
+        f"{shown}: Some keys are not used by the HfArgumentParser: {sorted(unknown)} (not a field of TRL "
+        f"1.16's GRPOConfig, ModelConfig or script arguments, nor an accelerate launch option"
+        f"{'; ' + '; '.join(why) if why else ''})"
+    )
+
+
+def _conversions(data: dict[str, Any]) -> list[str]:
+    """Each value TRL's parser cannot convert (its option's `type=`, as the schema says), in TRL's words."""
+    found = []
+    for name, value in data.items():
+        try:
+            _convert(name, value)
+        except _Refused as exc:
+            found.append(f"{name}={value!r}: TRL refuses it: {_one_line(str(exc))}")
+    return found
 
 
 class _Refused(Exception):

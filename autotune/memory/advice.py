@@ -25,7 +25,7 @@ from autotune.config.knobs import ProbeConfig
 from autotune.memory.model import MemoryModel
 from autotune.units import gib, round_up
 
-__all__ = ["Remedy", "first_aid", "remedies", "shorter_lengths", "switches"]
+__all__ = ["Remedy", "first_aid", "remedies", "shorter_lengths", "switches", "trl_first_aid"]
 
 GRADIENT_ACCUMULATION_NOTE = (
     "raising gradient_accumulation_steps does not lower the peak: it only lengthens the step"
@@ -186,3 +186,45 @@ def first_aid(
         return f"{lead} (no batch or length changes); else, in first-aid order: {numbered}. {note}"
     tail = "".join(f" {text}." for text, _ in alone)
     return f"in first-aid order: {numbered}.{tail} {note}"
+
+
+def trl_first_aid(
+    model: MemoryModel, config: ProbeConfig, limit: float, lengths: tuple[int, int] | None = None
+) -> str:
+    """First aid for a TRL config in TRL's fields, each step on top of the previous with its predicted peak:
+    the largest per_device_train_batch_size under the current one that divides the process's share of the
+    mini batch and fits (gradient_accumulation_steps keeps the mini batch: the recipe; GRPO refuses
+    auto_find_batch_size, whose halving breaks the prompt groups), then activation checkpointing, then a
+    shorter max_completion_length, then LoRA (use_peft)."""
+
+    def fits(c: ProbeConfig) -> bool:
+        return model.predict(c) <= limit
+
+    def mark(c: ProbeConfig) -> str:
+        return f"{gib(model.predict(c), None)} GiB" + (" fits" if fits(c) else "")
+
+    steps: list[str] = []
+    current = config
+    share = config.micro_batch_size * config.gradient_accumulation_steps  # per process
+    smaller = [m for m in range(config.micro_batch_size - 1, 0, -1) if share % m == 0]
+    if smaller:
+        micro = next((m for m in smaller if fits(_with(current, micro_batch_size=m))), smaller[-1])
+        steps_now = share // micro
+        current = _with(current, micro_batch_size=micro, gradient_accumulation_steps=steps_now)
+        steps.append(
+            f"per_device_train_batch_size {config.micro_batch_size}→{micro} with gradient_accumulation_steps "
+            f"{config.gradient_accumulation_steps}→{steps_now} (the mini batch kept): {mark(current)}"
+        )
+    if not fits(current) and not current.gradient_checkpointing:
+        current = _with(current, gradient_checkpointing=True)
+        steps.append(f"+ activation_checkpointing: true: {mark(current)}")
+    _, response = lengths or shorter_lengths(current)
+    if not fits(current) and response < current.max_response_length:
+        before = current.max_response_length
+        current = _with(current, max_response_length=response)
+        steps.append(f"+ max_completion_length {before}→{response} (a recipe change): {mark(current)}")
+    if not fits(current) and not current.use_lora:
+        current = _with(current, use_lora=True)
+        steps.append(f"+ use_peft: true (lora_r {current.lora_r}): {mark(current)}")
+    numbered = "; ".join(f"{i}) {step}" for i, step in enumerate(steps, start=1))
+    return f"in TRL's fields: {numbered}. {GRADIENT_ACCUMULATION_NOTE.capitalize()}"

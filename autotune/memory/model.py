@@ -44,12 +44,14 @@ from autotune.config.lengths import JobLengths, PassTokens, pass_tokens
 
 __all__ = [
     "PRIORS",
+    "TRL_PASSES",
     "Architecture",
     "MemoryBreakdown",
     "MemoryModel",
     "fit_constant_and_factor",
     "minimum_bytes",
     "predict_components",
+    "priors",
 ]
 
 DEVICES = ("cpu", "cuda")
@@ -60,6 +62,16 @@ GIB = 1024**3
 # CUDA: the CUDA context and cuBLAS/NCCL workspaces (0.5–1 GiB), and the caching allocator's rounding and
 # fragmentation (a factor).
 PRIORS: dict[str, tuple[float, float]] = {"cpu": (0.39 * GIB, 1.0), "cuda": (0.75 * GIB, 1.1)}
+# A TRL 1.16 process on CPU (--engine trl, `trl grpo`) also imports TRL, datasets and accelerate: 0.52-0.56
+# GiB beyond the priced terms over 9 TRL probes of tiny-llama (48-144 tokens, micro batch 2-8).
+TRL_PRIORS: dict[str, tuple[float, float]] = {"cpu": (0.53 * GIB, 1.0), "cuda": PRIORS["cuda"]}
+
+
+def priors(device: str, passes: str = "verl") -> tuple[float, float]:
+    """(constant, factor) before any measurement, for the process that runs the passes on `device`."""
+    return (TRL_PRIORS if passes == "trl_fused" else PRIORS)[device]
+
+
 PRIOR_STRENGTH = 0.3  # how firmly a calibration keeps the prior factor (see fit_constant_and_factor)
 FACTOR_RANGE = (0.5, 3.0)
 ADAM_MOMENTS = 2  # AdamW: exp_avg and exp_avg_sq, fp32 like the parameters
@@ -364,11 +376,12 @@ class _Pass:
     mask: int
     packed: bool
     rows: int = 0
+    fused: bool = False  # TRL 1.16's fused LM head: log-probs in tiles, no full logits (`_fused_head_bytes`)
 
     @classmethod
-    def padded(cls, config: ProbeConfig, rows: int) -> _Pass:
+    def padded(cls, config: ProbeConfig, rows: int, fused: bool = False) -> _Pass:
         """rows × (Lp + Lr) tokens and the 4D bool SDPA mask of each row."""
-        return cls(rows * config.sequence_length, rows * config.sequence_length**2, False, rows)
+        return cls(rows * config.sequence_length, rows * config.sequence_length**2, False, rows, fused)
 
     @classmethod
     def of_packed(cls, tokens: int, device: str) -> _Pass:
@@ -414,6 +427,8 @@ def _training_logits(arch: Architecture, config: ProbeConfig, p: _Precision, run
     logsumexp, one token per row); on GPU verl takes the log-probs with flash-attn's cross-entropy, which
     writes the gradient into the bf16 logits in place (`inplace_backward`): one copy.
     """
+    if run.fused:
+        return _fused_head_bytes(arch, config, p, run)
     if not run.packed:
         full = _logit_elements(run.rows, config, arch) * 4
         return 3 * full + 2 * _logit_row_bytes(config, arch)
@@ -427,10 +442,30 @@ def _forward_logits(arch: Architecture, config: ProbeConfig, p: _Precision, run:
     temporaries (two). Packed (verl): the logits of every token, and with the entropy (verl's old log-prob
     pass) the softmax and one more vocabulary-sized temporary beside them (logsumexp's, then softmax ×
     logits); the log-probs come row by row (CPU) or from flash-attn's cross-entropy (GPU): no more."""
+    if run.fused:
+        return _fused_head_bytes(arch, config, p, run)
     if not run.packed:
         full = _logit_elements(run.rows, config, arch) * (4 + (2 if p.autocast else 0))
         return full + 2 * _logit_row_bytes(config, arch)
     return (3 if entropy else 1) * run.tokens * arch.vocab * p.act
+
+
+# TRL 1.16's fused LM head (trl/kernels/chunked_logprob.py ChunkedLogProbFunction): the projection runs on
+# tiles of at most 4096 tokens × 32768 vocabulary entries, folded into per-token sums. With Triton (CUDA) only
+# the completion positions are scored and the kernels fold a tile in place; elsewhere every position is scored
+# and torch's ops fold it, with temporaries of the tile's size: measured with TRL 1.16 on CPU (tiny-llama,
+# micro batches of 2-8 rows of 48-144 tokens), 0.92-1.01 MiB per scored token at vocabulary 32000, i.e. about
+# 8 fp32 tiles. On CUDA one tile in the compute dtype (not yet measured on a GPU).
+FUSED_TOKEN_TILE, FUSED_VOCAB_TILE = 4096, 32768
+FUSED_TILE_COPIES = {"cpu": 8, "cuda": 1}
+
+
+def _fused_head_bytes(arch: Architecture, config: ProbeConfig, p: _Precision, run: _Pass) -> int:
+    """TRL 1.16's fused LM head over a micro batch: its tiles at their largest (see FUSED_TILE_COPIES)."""
+    scored = run.rows * config.max_response_length if p.autocast else run.rows * (config.sequence_length - 1)
+    tile = min(scored, FUSED_TOKEN_TILE) * min(arch.vocab, FUSED_VOCAB_TILE)
+    copies = FUSED_TILE_COPIES["cuda" if p.autocast else "cpu"]
+    return copies * tile * (p.act if p.autocast else 4)
 
 
 def _autocast_weight_copy(
@@ -570,7 +605,10 @@ def _sharded_terms(arch: Architecture, config: ProbeConfig, p: _Precision, held:
     return {**gathered, "reduce_scatter": trained_grads, **loaded}
 
 
-PASSES = ("verl", "trl")  # whose training passes are priced (autotune.probe.rank.ppo.PASSES)
+# whose training passes are priced: verl's packed ones and the built-in probe's TRL-like padded ones
+# (autotune.probe.rank.ppo.PASSES), or TRL 1.16's own (--engine trl, a TRL file): padded rows, fused LM head
+PASSES = ("verl", "trl", "trl_fused")
+TRL_PASSES = ("trl", "trl_fused")
 
 
 @dataclass(frozen=True)
@@ -585,9 +623,10 @@ class _Passes:
     @classmethod
     def of(cls, config: ProbeConfig, device: str, passes: str, tokens: PassTokens) -> _Passes:
         """verl's passes: packed micro batches of `tokens`; TRL's: padded rows of the micro batch sizes."""
-        if passes == "trl":
-            update = _Pass.padded(config, config.micro_batch_size)
-            forward = _Pass.padded(config, config.forward_micro_batch_size)
+        if passes in TRL_PASSES:
+            fused = passes == "trl_fused"
+            update = _Pass.padded(config, config.micro_batch_size, fused)
+            forward = _Pass.padded(config, config.forward_micro_batch_size, fused)
             critic = config.algorithm == "ppo"
             return cls(update, forward, update if critic else None, forward if critic else None)
         return cls(
@@ -618,7 +657,7 @@ def predict_components(
         raise ValueError(f"world_size must be >= 1, but got {world_size}.")
     if passes not in PASSES:
         raise ValueError(f"passes must be one of {PASSES}, but got {passes!r}.")
-    if passes == "trl":
+    if passes in TRL_PASSES:
         config = config.with_fixed_micro_batches(world_size)  # TRL has no dynamic batch size
     tokens = tokens or pass_tokens(config, lengths or JobLengths(), world_size)
     return _components(arch, config, world_size, device, passes, tokens)
@@ -720,7 +759,7 @@ class MemoryModel:
     ) -> None:
         if device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, but got {device!r}.")
-        prior_constant, prior_factor = PRIORS[device]
+        prior_constant, prior_factor = priors(device, passes)
         self.arch = arch
         self.world_size = world_size
         self.device = device
@@ -740,7 +779,7 @@ class MemoryModel:
         found = predict_components(
             self.arch, config, self.world_size, self.device, self.lengths, self.passes, tokens
         )
-        if not self.vllm_rollout:
+        if not self.vllm_rollout and self.colocated_pool(config) is None:
             return found
         return dataclasses.replace(
             found,
@@ -755,8 +794,19 @@ class MemoryModel:
         """(exact, dynamic) bytes at the phase that peaks under this model's factor."""
         b = self.breakdown(config, tokens)
         phase = b.peak_phase_at(self.factor)
-        exact = b.static + b.phase_states.get(phase, 0)
+        exact = b.static + b.phase_states.get(phase, 0) + (self.colocated_pool(config) or 0)
         return exact, b.phases.get(phase, 0)
+
+    def colocated_pool(self, config: ProbeConfig) -> int | None:
+        """TRL with vLLM colocated (use_vllm, vllm_mode colocate: a set share): vLLM's pool lives in the
+        training process, and without TRL's vllm_enable_sleep_mode (off by default) it stays there through
+        the training passes, so it adds to their peak; None when TRL generates with transformers. An unknown
+        card (None) prices no pool (0)."""
+        if self.passes not in TRL_PASSES or config.gpu_memory_utilization is None:
+            return None
+        if self.rollout_card_bytes is None:
+            return 0
+        return int(config.gpu_memory_utilization * self.rollout_card_bytes)
 
     def predict(self, config: ProbeConfig) -> int:
         """constant + exact + factor × dynamic: state sizes are exact, the factor covers what the allocator
@@ -770,7 +820,7 @@ class MemoryModel:
         verl puts vLLM to sleep for the training phases (free_cache_engine, on by default:
         vllm_async_server.py:853-862), so the pool and the training peak never meet. Without a set share the
         verl probe runs with verl's default share, and so does the export of its study."""
-        if self.rollout_card_bytes is None:
+        if self.rollout_card_bytes is None or self.passes in TRL_PASSES:  # TRL's colocated pool: `split`
             return 0
         share = (
             VERL_DEFAULT_UTILIZATION

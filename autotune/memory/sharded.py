@@ -54,6 +54,10 @@ def estimate_memory(arch: Architecture, config: ProbeConfig, gpus: int) -> Memor
 def model_label(model: MemoryModel) -> str:
     """Which memory model made a prediction: the device's priors, or calibrated on measurements."""
     device = "CUDA" if model.device == "cuda" else "CPU"
+    if model.passes == "trl_fused":
+        from autotune.formats.trl import TRL_VERSION
+
+        device = f"TRL {TRL_VERSION}'s passes, {device}"
     if model.points:
         return f"{device}, calibrated on {model.points} measurement{'s' if model.points > 1 else ''}"
     return f"{device} priors, uncalibrated"

@@ -17,9 +17,9 @@ from autotune.config.rules import (
 )
 from autotune.formats.rollout import pool_findings
 from autotune.formats.target import Measured, Target
-from autotune.memory.advice import first_aid, shorter_lengths
+from autotune.memory.advice import first_aid, shorter_lengths, trl_first_aid
 from autotune.memory.budget import Budget
-from autotune.memory.model import Architecture, MemoryModel
+from autotune.memory.model import TRL_PASSES, Architecture, MemoryModel
 from autotune.memory.sharded import MemoryEstimate, describe, estimate_with, model_label
 from autotune.units import GIB, gib
 
@@ -36,15 +36,21 @@ def study_model(arch: Architecture, gpus: int, device: str, passes: str = "verl"
 
 
 def _calibrated(
-    arch: Architecture, config: ProbeConfig, gpus: int, measured: Measured | None, passes: str = "verl"
+    arch: Architecture,
+    config: ProbeConfig,
+    gpus: int,
+    measured: Measured | None,
+    passes: str = "verl",
+    device: str = "cuda",
 ) -> MemoryModel:
-    """The CUDA model for another card or GPU count, calibrated on the file's measurement when that was taken
-    on CUDA (one point: the constant fitted, the prior factor kept, as after the study's first probe)."""
-    model = study_model(arch, gpus, "cuda", passes)
-    if measured is None or measured.device != "cuda":
+    """The model of `device` (a GPU unless the file runs on the CPU) for another card or GPU count, calibrated
+    on the file's measurement when that was taken on the same device (one point: the constant fitted, the
+    prior factor kept, as after the study's first probe)."""
+    model = study_model(arch, gpus, device, passes)
+    if measured is None or measured.device != device:
         return model
-    fitted = study_model(arch, measured.gpus, "cuda", passes).calibrate([(config, measured.peak_bytes)])
-    model = MemoryModel(arch, gpus, "cuda", fitted.constant, fitted.factor, passes=passes)
+    fitted = study_model(arch, measured.gpus, device, passes).calibrate([(config, measured.peak_bytes)])
+    model = MemoryModel(arch, gpus, device, fitted.constant, fitted.factor, passes=passes)
     model.points = fitted.points
     return model
 
@@ -64,8 +70,9 @@ def memory_findings(
     job's `lengths` (the data's, a verl log's; None: at the limits) and at the limits beside them."""
     measured = target.measured
     if measured is not None and card is None and gpus == measured.gpus:
-        return _measured_verdict(arch, target, config, measured, report)
-    model = _calibrated(arch, config, gpus, measured, passes).with_lengths(lengths or JobLengths())
+        return _measured_verdict(arch, target, config, measured, report, passes)
+    device = target.device or "cuda"
+    model = _calibrated(arch, config, gpus, measured, passes, device).with_lengths(lengths or JobLengths())
     return _predicted_verdict(model, target, config, card, report)
 
 
@@ -104,11 +111,16 @@ def _estimate_info(
 
 
 def _measured_verdict(
-    arch: Architecture, target: Target, config: ProbeConfig, measured: Measured, report: LengthReport | None
+    arch: Architecture,
+    target: Target,
+    config: ProbeConfig,
+    measured: Measured,
+    report: LengthReport | None,
+    passes: str = "verl",
 ) -> tuple[list[Finding], dict[str, Any]]:
     """The measured peak against the budget and headroom the study recorded; the model (the device's priors,
     uncalibrated) beside it as information."""
-    model = study_model(arch, measured.gpus, measured.device)
+    model = study_model(arch, measured.gpus, measured.device, passes)
     estimate, text, info = _estimate_info(model, target, config)
     peak = measured.peak_bytes
     error = (estimate.peak - peak) / peak
@@ -130,11 +142,18 @@ def _measured_verdict(
     fix = ""
     if verdict != "fits":
         lengths = _lengths(config, report)
-        fix = first_aid(_calibrated_on(model, config, peak), config, card.limit, lengths)
+        fix = _first_aid(_calibrated_on(model, config, peak), config, card.limit, lengths)
     line = f"{said} {VERDICT_WORDS[verdict]} {card.label}{_headroom(card, verdict)}; {beside}"
     found = [Finding("memory", line, fix, severity=SEVERITY[verdict])]
     resident = min(peak, _resident(estimate))  # the states never exceed the measured peak
     return found + rollout_pool_findings(target, card.bytes, resident), info
+
+
+def _first_aid(model: MemoryModel, config: ProbeConfig, limit: float, lengths: tuple[int, int] | None) -> str:
+    """The first aid in the trainer's terms: TRL's fields for a TRL file, else the seed article's knobs."""
+    if model.passes in TRL_PASSES:
+        return trl_first_aid(model, config, limit, lengths)
+    return first_aid(model, config, limit, lengths)
 
 
 def _resident(estimate: MemoryEstimate) -> int:
@@ -145,7 +164,8 @@ def _resident(estimate: MemoryEstimate) -> int:
 
 def _calibrated_on(model: MemoryModel, config: ProbeConfig, peak: int) -> MemoryModel:
     """A copy of `model` calibrated on one measured point (first aid on the measured device)."""
-    return MemoryModel(model.arch, model.world_size, model.device).calibrate([(config, peak)])
+    fresh = MemoryModel(model.arch, model.world_size, model.device, passes=model.passes)
+    return fresh.calibrate([(config, peak)])
 
 
 def _predicted_verdict(
@@ -171,7 +191,7 @@ def _predicted_verdict(
     info["fits"] = verdict == "fits"
     fix = ""
     if verdict != "fits":
-        fix = first_aid(model, config, card.limit, _lengths(config, report))
+        fix = _first_aid(model, config, card.limit, _lengths(config, report))
     line = f"{said}{on} {VERDICT_WORDS[verdict]} {card.label}{_headroom(card, verdict)}; {text}"
     found = [Finding("memory", line, fix, severity=SEVERITY[verdict])]
     found += _at_the_limits(model, config, card, verdict, info)

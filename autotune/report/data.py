@@ -142,27 +142,14 @@ def build_report(
     if chosen is not None:
         config = trial_config_of(chosen)
         figures = gain.headline(study, chosen)
-        engine = engine_for(chosen, config, plan, budget, figures.peak_bytes)
         measured = measured_block(chosen, study.study_name, plan.gpus, budget, created, figures, plan.nodes)
-        workers = exported_workers(plan)
-        # best_config.yaml says what verl_overrides.txt says: verl's worker count where the probe did not
-        # measure it (the probing machine's is never handed back); TRL's file has no such field
-        written = (
-            config
-            if workers is None or plan.target == "trl"
-            else replace(config, num_rollout_workers=workers)
-        )
-        document = seed_document(written, plan.model, plan.reward_model, measured, engine, gpus=plan.gpus)
-        verl = verl_overrides(
-            config, plan.gpus, verl_model_path(plan.model), engine, workers=workers, nodes=plan.nodes
-        )
-        verl_knobs = exported_knobs(verl.values, engine, plan.settings.get("engine") == "verl")
-        figures_block = document.pop("measured")  # kept last, after the verl keys
-        document[VERL_EXPORT] = {knob.key: knob.to_dict() for knob in verl_knobs}
-        document["measured"] = figures_block
-        if plan.target == "trl":
+        if plan.target == "trl":  # TRL's file, and best_config.yaml without verl's blocks
             device = (chosen.user_attrs.get(Attr.RESULT) or {}).get("device", "cuda")
-            trl_config = trl_config_text(config, plan.gpus, verl_model_path(plan.model), device)
+            model = verl_model_path(plan.model)
+            trl_config = trl_config_text(config, plan.gpus, model, device, measured)
+            document = seed_document(config, plan.model, plan.reward_model, measured, gpus=plan.gpus)
+        else:
+            document, verl, engine, verl_knobs = _verl_export(chosen, config, plan, budget, figures, measured)
     return ReportData(
         study_name=study.study_name,
         plan=plan,
@@ -185,6 +172,32 @@ def build_report(
         near_misses=near_misses(study, trials, chosen, budget),
         disturbed=disturbed(trials),
     )
+
+
+def _verl_export(
+    chosen: FrozenTrial,
+    config: Any,
+    plan: StudyPlan,
+    budget: Budget,
+    figures: gain.Headline,
+    measured: dict[str, Any],
+) -> tuple[dict[str, Any], VerlOverrides, RolloutEngine, list[ExportedKnob]]:
+    """best_config.yaml with verl's blocks (the rollout engine, each exported key beside verl's default),
+    verl_overrides.txt's values, the rollout engine and the exported keys."""
+    engine = engine_for(chosen, config, plan, budget, figures.peak_bytes)
+    workers = exported_workers(plan)
+    # best_config.yaml says what verl_overrides.txt says: verl's worker count where the probe did not measure
+    # it (the probing machine's is never handed back)
+    written = config if workers is None else replace(config, num_rollout_workers=workers)
+    document = seed_document(written, plan.model, plan.reward_model, measured, engine, gpus=plan.gpus)
+    verl = verl_overrides(
+        config, plan.gpus, verl_model_path(plan.model), engine, workers=workers, nodes=plan.nodes
+    )
+    verl_knobs = exported_knobs(verl.values, engine, plan.settings.get("engine") == "verl")
+    figures_block = document.pop("measured")  # kept last, after the verl keys
+    document[VERL_EXPORT] = {knob.key: knob.to_dict() for knob in verl_knobs}
+    document["measured"] = figures_block
+    return document, verl, engine, verl_knobs
 
 
 def remeasured(study: optuna.Study, trials: list[FrozenTrial]) -> list[tuple[FrozenTrial, pick.Figures]]:
@@ -290,9 +303,15 @@ def best_config_yaml(report: ReportData) -> str:
         f"# autotune: the recommended configuration of study {report.study_name} (trial "
         f"#{data['measured']['trial_number']}), measured by a real {data['algorithm'].upper()} "
         f"iteration.\n# Sizes count samples (responses) over all {plan.gpus} GPU(s); micro sizes are per "
-        f"GPU. verl_overrides.txt has the same config in verl's keys.\n{reward}"
+        f"GPU. {_same_config(plan.target)}\n{reward}"
     )
     return seed_yaml(data, header)
+
+
+def _same_config(target: str) -> str:
+    if target == "trl":
+        return "trl_config.yaml has the same config in TRL's GRPOConfig fields."
+    return "verl_overrides.txt has the same config in verl's keys."
 
 
 def config_yaml(report: ReportData) -> str:

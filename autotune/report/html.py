@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal
 import matplotlib
 from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
+from autotune.formats.trl import launch_line as trl_launch_line
 from autotune.report.data import config_yaml
 from autotune.report.tables import (
     VERL_DEFAULTS_LEAD,
@@ -360,6 +361,16 @@ def _copy(report: ReportData) -> str:
             for n, tips in report.advice.items()
         )
         return f"<p>The closest trials, and what to change:</p>{html_table(closest_table(report))}{tips}"
+    if report.trl_config is not None:
+        launch = trl_launch_line("trl_config.yaml", report.plan.gpus)
+        return (
+            '<div class="copy"><div><h3>The configuration (best_config.yaml)</h3>'
+            f"<pre>{html.escape(config_yaml(report))}</pre></div>"
+            "<div><h3>Start TRL on it</h3><p>Replace the <code>/path/to/</code> parts and the reward:</p>"
+            f'<pre class="launch">{html.escape(launch)}</pre>'
+            f"<details><summary>trl_config.yaml</summary><pre>{html.escape(report.trl_config)}</pre>"
+            "</details></div></div>"
+        )
     overrides = html.escape("\n".join(report.verl.lines())) if report.verl else ""
     notes = "".join(f"<li>{html.escape(line)}</li>" for line in verl_lines(report))
     return (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autotune.formats.trl import launch_line as trl_launch_line
 from autotune.report.data import config_yaml
 from autotune.report.tables import (
     VERL_DEFAULTS_LEAD,
@@ -85,7 +86,10 @@ def render_markdown(report: ReportData) -> str:
         parts += [
             "- `best_config.yaml`: the recommendation in the seed article's config schema, with its "
             "`measured:` figures\n",
-            "- `verl_overrides.txt`: the same job as Hydra overrides for verl 0.9.1 (launched as above)\n",
+            "- `trl_config.yaml`: the same job as TRL 1.16's GRPOConfig fields (launched as above)\n"
+            if report.trl_config is not None
+            else "- `verl_overrides.txt`: the same job as Hydra overrides for verl 0.9.1 (launched as "
+            "above)\n",
         ]
     return "".join(parts)
 
@@ -101,6 +105,16 @@ def _recommendation_md(report: ReportData) -> list[str]:
         for number, tips in report.advice.items():
             parts += [f"\nTrial #{number}:\n\n", *(f"- {tip}\n" for tip in tips)]
         return parts
+    if report.trl_config is not None:
+        return [
+            "The configuration (best_config.yaml without its `measured:` block):\n\n```yaml\n",
+            config_yaml(report),
+            "```\n\n**Start TRL on it** (replace the `/path/to/` parts and the reward):\n\n```bash\n",
+            trl_launch_line("trl_config.yaml", report.plan.gpus) + "\n",
+            "```\n\n**trl_config.yaml:**\n\n```yaml\n",
+            report.trl_config,
+            "```\n",
+        ]
     assert report.verl is not None  # report.data makes the overrides whenever it has a chosen trial
     parts = [
         "The configuration (best_config.yaml without its `measured:` block):\n\n```yaml\n",

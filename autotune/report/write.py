@@ -139,11 +139,11 @@ def write_report(
         "report.md": render_markdown(report),
         "report.html": render_html(report),
     }
-    if report.best_config is not None and report.verl is not None:
+    if report.best_config is not None:
         texts["best_config.yaml"] = best_config_yaml(report)
         if report.trl_config is not None:
             texts["trl_config.yaml"] = report.trl_config
-        else:
+        elif report.verl is not None:
             texts["verl_overrides.txt"] = format_overrides(report.verl.values)
     written = [name for name in FILES if name in texts] + [SUMMARY_FILE]
     texts[SUMMARY_FILE] = json.dumps(summary(report, out_dir, written, run), indent=2) + "\n"

@@ -123,6 +123,12 @@ def passes_for(target: str) -> str:
     return "trl" if target == "trl" else "verl"
 
 
+def model_passes(engine: str, passes: str) -> str:
+    """Whose passes the memory model prices: TRL 1.16's own where TRL runs the probe (its fused LM head),
+    else the built-in probe's (`passes_for`)."""
+    return "trl_fused" if engine == "trl" else passes
+
+
 def probe_settings(space, options: RunOptions, device: str, cluster: Any = None) -> ProbeSettings:
     return ProbeSettings(
         ray_address=cluster.address if cluster is not None else None,
@@ -231,6 +237,7 @@ def prepare(options: RunOptions, console: Console, cluster: Any = None) -> Prepa
         check_trl_space(space)
     space = hold_unexported(space, options.search_unexported, console, options.target)
     device, card = run_device(options, space, cluster)
+    check_engine_knobs(space, options.engine, device)
     if options.engine == "verl":
         announce_verl(options.verl_python, device, console)
     if options.engine == "trl":
@@ -242,7 +249,9 @@ def prepare(options: RunOptions, console: Console, cluster: Any = None) -> Prepa
     reward = resolve_reward_model(space.reward_model)
     budget_gib = resolve_budget_gib(space, options, device, card[1] if card else None)
     budget = Budget(int(budget_gib * GIB), space.headroom)
-    rollout_card = rollout_card_bytes(options.engine, device, budget, card[1] if card else None)
+    rollout_card = rollout_card_bytes(
+        options.engine, device, budget, options.target, card[1] if card else None
+    )
     from autotune.probe.verl.run_log import job_lengths, read_run_log
 
     token_lengths, notes = job_lengths(lengths, options.verl_log)
@@ -252,7 +261,12 @@ def prepare(options: RunOptions, console: Console, cluster: Any = None) -> Prepa
     passes = passes_for(options.target)
     arch = Architecture.from_specs(actor, reward)
     model = MemoryModel(
-        arch, space.gpus, device, rollout_card_bytes=rollout_card, lengths=token_lengths, passes=passes
+        arch,
+        space.gpus,
+        device,
+        rollout_card_bytes=rollout_card,
+        lengths=token_lengths,
+        passes=model_passes(options.engine, passes),
     )
     longest = ProbeConfig(
         **space.fixed_fields,
@@ -445,16 +459,31 @@ def tensor_parallel_for_heads(space: SearchSpace, actor: Any, console: Console) 
     return space_from_dict(data, source=space.source, cores=space.cores, name=space.name)
 
 
-def check_engine_knobs(space: SearchSpace, engine: str) -> None:
-    """Refuse, in one line, vLLM's knobs under the built-in probe: it has no vLLM, so a share, a
-    tensor-parallel rollout or max_num_seqs would be searched without being measured (fixing them silently
-    would hand back a config nobody probed). Dynamic batch size and its budgets it measures as verl packs."""
+def check_engine_knobs(space: SearchSpace, engine: str, device: str | None = None) -> None:
+    """Refuse, in one line, vLLM's knobs where no vLLM runs: under the built-in probe (it has no vLLM, so a
+    share, a tensor-parallel rollout or max_num_seqs would be searched without being measured; fixing them
+    silently would hand back a config nobody probed), and under --engine trl all but vLLM's share, which TRL
+    colocates on CUDA only (`device` None: not resolved yet). Dynamic batch size and its budgets the built-in
+    probe measures as verl packs."""
     named = space.vllm_knobs
-    if engine != "verl" and named:
+    if engine == "verl" or not named:
+        return
+    if engine != "trl":
         raise UserError(
             f"{space.source}: knobs {', '.join(named)} are vLLM's, measured only with --engine verl (the "
-            f"built-in probe has no vLLM pool or tensor-parallel rollout): run with --engine verl "
-            f"--verl-python PATH, or leave them out"
+            f"built-in probe has no vLLM pool or tensor-parallel rollout) or, for gpu_memory_utilization, "
+            f"--engine trl on CUDA: run with such an engine, or leave them out"
+        )
+    others = [name for name in named if name != "gpu_memory_utilization"]
+    if others:
+        raise UserError(
+            f"{space.source}: knobs {', '.join(others)} are not searched for TRL (TRL sets vLLM's sequences "
+            f"itself): leave them out; gpu_memory_utilization is TRL's vLLM share (use_vllm, colocated)"
+        )
+    if device is not None and device != "cuda":
+        raise UserError(
+            f"{space.source}: knob gpu_memory_utilization is TRL's vLLM share (use_vllm, colocated), and "
+            f"vLLM runs on CUDA only, not on {device}: leave it out (TRL then generates with transformers)"
         )
 
 
@@ -480,16 +509,21 @@ def check_trl_space(space: SearchSpace) -> None:
         )
     first = ProbeConfig(**space.fixed_fields)
     seeds = [finding for seed in space.seed_configs for finding in trl_findings(seed.config, space.gpus)]
-    raise_for(trl_findings(first, space.gpus) + seeds)
+    found = list({f.line: f for f in trl_findings(first, space.gpus) + seeds}.values())  # each once
+    try:
+        raise_for(found)
+    except UserError as exc:
+        raise UserError(f"{space.source}: for TRL: {exc}") from None
 
 
 def rollout_card_bytes(
-    engine: str, device: str, budget: Budget, card_bytes: int | None = None
+    engine: str, device: str, budget: Budget, target: str = "verl", card_bytes: int | None = None
 ) -> float | None:
-    """--engine verl on CUDA: the card vLLM's share is a fraction of (`card_bytes`: a Ray cluster's, read on
-    its node). None for the built-in probe (no pool) and on CPU, where only a stand-in verl runs and nothing
-    measures a pool (NVML is absent)."""
-    if engine != "verl" or device != "cuda":
+    """On CUDA, the card vLLM's share is a fraction of (`card_bytes`: a Ray cluster's, read on its node):
+    --engine verl's pool, or TRL's colocated one (--engine trl --target trl). None for the built-in probe (no
+    pool) and on CPU, where only a stand-in verl runs, TRL runs no vLLM and nothing measures a pool."""
+    pool = engine == "verl" or (engine == "trl" and target == "trl")
+    if not pool or device != "cuda":
         return None
     if card_bytes:
         return float(card_bytes)

@@ -85,7 +85,13 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     from autotune.probe.devices import device_label, resolve_device
     from autotune.run.live import RUN_LOG, Narrator
     from autotune.run.loop import LiveView, print_summary, probe_study
-    from autotune.run.prepare import check_offload, machine_identity, rollout_card_bytes
+    from autotune.run.prepare import (
+        check_engine_knobs,
+        check_offload,
+        machine_identity,
+        model_passes,
+        rollout_card_bytes,
+    )
     from autotune.run.slots import plan_slots
     from autotune.run.tuner import Tuner
     from autotune.search.sampler import SystemSampler
@@ -113,6 +119,7 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
         )
     device = resolve_device(options.device, space.gpus)
     check_offload(space, device)
+    check_engine_knobs(space, plan.settings.get("engine", "builtin"), device)
     settings = worker_settings(
         plan, device, options.trust_remote_code, options.verl_python, options.trl_python
     )
@@ -126,14 +133,14 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
             f"study {options.study!r} in {redact(options.storage)} stores no memory budget: a worker "
             f"measures against the study's own; start the study with `autotune run` first"
         )
-    card = rollout_card_bytes(settings.engine, device, budget)
+    card = rollout_card_bytes(settings.engine, device, budget, plan.target)
     model = MemoryModel(
         Architecture.from_specs(actor, reward),
         space.gpus,
         device,
         rollout_card_bytes=card,
         lengths=JobLengths.from_dict(settings.lengths),
-        passes=settings.passes,
+        passes=model_passes(settings.engine, settings.passes),
     )
     slots = plan_slots(options.parallel, space.gpus, device)
     trials = options.trials or int(plan.trials or 0)
