@@ -67,10 +67,17 @@ if [[ "$pg_status" != online* ]]; then
   say "starting the PostgreSQL cluster 'autotune'"
   pg_ctlcluster "$pg_ver" autotune start
 fi
+# The role is the machine's, shared by every clone: its password is kept beside the cluster's config (root
+# only), so that a second clone's setup reuses it instead of changing it under the first.
 pg_url_file=.venv/postgres-url
+pg_pass_file="/etc/postgresql/$pg_ver/autotune/autotune-test-password"
+pg_works() {
+  [ -n "$1" ] && PGPASSWORD="$1" PGCONNECT_TIMEOUT=5 psql -X -qtA -h 127.0.0.1 -p "$pg_port" \
+    -U autotune -d autotune_test -c "SELECT 1" >/dev/null 2>&1
+}
 pg_pass=$(sed -n 's#^postgresql+psycopg2://autotune:\([0-9a-f]*\)@.*#\1#p' "$pg_url_file" 2>/dev/null || true)
-if [ -z "$pg_pass" ] || ! PGPASSWORD="$pg_pass" PGCONNECT_TIMEOUT=5 psql -X -qtA -h 127.0.0.1 -p "$pg_port" \
-  -U autotune -d autotune_test -c "SELECT 1" >/dev/null 2>&1; then
+pg_works "$pg_pass" || pg_pass=$(cat "$pg_pass_file" 2>/dev/null || true)
+if ! pg_works "$pg_pass"; then
   pg_pass=$(.venv/bin/python -c "import secrets; print(secrets.token_hex(16))")
   pg_sql() { (cd / && runuser -u postgres -- psql -X -qtA -v ON_ERROR_STOP=1 -p "$pg_port"); } # SQL on stdin
   [ "$(pg_sql <<<"SELECT 1 FROM pg_roles WHERE rolname = 'autotune'")" = 1 ] \
@@ -79,6 +86,7 @@ if [ -z "$pg_pass" ] || ! PGPASSWORD="$pg_pass" PGCONNECT_TIMEOUT=5 psql -X -qtA
   [ "$(pg_sql <<<"SELECT 1 FROM pg_database WHERE datname = 'autotune_test'")" = 1 ] \
     || pg_sql <<<"CREATE DATABASE autotune_test OWNER autotune"
 fi
+(umask 077 && echo "$pg_pass" >"$pg_pass_file")
 (umask 077 && echo "postgresql+psycopg2://autotune:$pg_pass@127.0.0.1:$pg_port/autotune_test" >"$pg_url_file")
 chmod 600 "$pg_url_file"
 say "done: ./check.sh runs the tests"
