@@ -231,3 +231,40 @@ def test_output_folder_that_is_a_file_is_a_user_error(tmp_path, capsys):
     assert main(["report", "--study", "t", "--storage", storage, "--out", str(blocker)]) == 2
     assert "cannot create" in capsys.readouterr().err
     shutil.rmtree(tmp_path / "unused", ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("parent_now", "expected", "exits"),
+    [
+        (4242, "4242", False),  # its parent is alive
+        (1, "", True),  # orphaned to init before prctl took effect
+        (777, "4242", True),  # orphaned to a subreaper (Ray's raylet, a container's init)
+        (777, "", False),  # no parent named: only pid 1 tells
+    ],
+)
+def test_a_rank_whose_parent_died_before_prctl_exits(monkeypatch, parent_now, expected, exits):
+    import ctypes
+
+    from autotune.probe.contract import PARENT_VARIABLE
+    from autotune.probe.rank import process
+
+    class Exited(Exception):
+        pass
+
+    def exit_now(code: int) -> None:
+        raise Exited(code)
+
+    class Libc:  # prctl itself would set this test process's own death signal
+        @staticmethod
+        def prctl(*args: object) -> int:
+            return 0
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda *args, **kwargs: Libc())
+    monkeypatch.setattr(os, "getppid", lambda: parent_now)
+    monkeypatch.setattr(os, "_exit", exit_now)
+    monkeypatch.setenv(PARENT_VARIABLE, expected)
+    if exits:
+        with pytest.raises(Exited):
+            process.die_with_parent()
+    else:
+        process.die_with_parent()

@@ -13,11 +13,12 @@ from typing import Any
 
 from autotune.units import GIB
 
-__all__ = ["ENGINES", "MMAP_THRESHOLD", "OOM_EXIT_CODE", "ProbeResult", "ProbeSettings"]
+__all__ = ["ENGINES", "MMAP_THRESHOLD", "OOM_EXIT_CODE", "PARENT_VARIABLE", "ProbeResult", "ProbeSettings"]
 
 ENGINES = ("builtin", "verl", "trl")  # what runs a probe (--engine)
 
 OOM_EXIT_CODE = 3  # a rank that caught an out-of-memory exception, after writing its result
+PARENT_VARIABLE = "AUTOTUNE_RANK_PARENT"  # the pid a rank's parent has, named by the launcher that starts it
 # CPU ranks serve allocations from this size up with their own mappings (glibc's M_MMAP_THRESHOLD): a freed
 # tensor leaves the resident set, as it leaves a device allocator. The memory model knows the same number.
 MMAP_THRESHOLD = 64 * 1024

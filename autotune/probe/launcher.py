@@ -26,7 +26,7 @@ from typing import Any
 from autotune.config.knobs import ProbeConfig, usable_cores
 from autotune.probe import forkserver
 from autotune.probe.conditions import gpu_others, load_average, other_cores
-from autotune.probe.contract import ProbeResult, ProbeSettings
+from autotune.probe.contract import PARENT_VARIABLE, ProbeResult, ProbeSettings
 from autotune.probe.forkserver import ForkedRank, ForkServerError
 from autotune.probe.launching import (
     free_port,
@@ -95,7 +95,7 @@ def _popen_ranks(
         procs.append(
             subprocess.Popen(
                 [python, *argv],
-                env=env,
+                env={**env, PARENT_VARIABLE: str(os.getpid())},
                 stdin=subprocess.DEVNULL,
                 stdout=stderr,
                 stderr=stderr,

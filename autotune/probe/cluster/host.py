@@ -22,6 +22,7 @@ from typing import Any
 
 from autotune.config.knobs import usable_cores
 from autotune.probe.conditions import load_average
+from autotune.probe.contract import PARENT_VARIABLE
 from autotune.probe.launching import free_port, kill_group, read_json, runner_path
 
 __all__ = ["RankHost"]
@@ -65,7 +66,7 @@ class RankHost:
         with open(self.folder / f"stderr.rank{rank}.txt", "wb") as stderr:
             self.proc = subprocess.Popen(
                 argv,
-                env={**os.environ, **variables},
+                env={**os.environ, **variables, PARENT_VARIABLE: str(os.getpid())},
                 stdin=subprocess.DEVNULL,
                 stdout=stderr,
                 stderr=stderr,

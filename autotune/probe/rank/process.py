@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.probe.contract import MMAP_THRESHOLD, OOM_EXIT_CODE
+from autotune.probe.contract import MMAP_THRESHOLD, OOM_EXIT_CODE, PARENT_VARIABLE
 from autotune.status import Status
 
 __all__ = ["die_with_parent", "is_out_of_memory", "return_freed_memory", "run_rank", "write_result"]
@@ -99,5 +99,8 @@ def die_with_parent() -> None:
 
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() == 1:  # the parent died before prctl took effect
+    # The parent died before prctl took effect. An orphan goes to the nearest subreaper (Ray's raylet, a
+    # container's init), not always to pid 1: the launcher names the parent it expects where it knows it.
+    expected = os.environ.get(PARENT_VARIABLE, "")
+    if os.getppid() == 1 or (expected.isdigit() and os.getppid() != int(expected)):
         os._exit(1)
