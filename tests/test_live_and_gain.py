@@ -287,3 +287,20 @@ def test_a_faster_trial_over_the_headroom_is_a_near_miss_with_its_reason(tmp_pat
         and "within the 1.000 GiB budget but over the 10% headroom" in miss["why"]
     )
     assert "## Near misses" in (tmp_path / "report.md").read_text()
+
+
+def test_the_status_line_reads_the_study_only_when_it_may_have_changed(monkeypatch):
+    """Reading the study costs CPU the probe shares: never for a pipe or a file, else on a trial started or
+    finished here, or every STATUS_LINE_SECONDS (other workers' trials, the ETA)."""
+    from autotune.run import loop
+
+    now = [100.0]
+    monkeypatch.setattr(loop.time, "monotonic", lambda: now[0])
+    view = loop.LiveView(Narrator(Console(file=io.StringIO())))
+    piped, terminal = Console(file=io.StringIO()), Console(file=io.StringIO(), force_terminal=True)
+    view.changed.set()
+    assert not loop._line_due(piped, view, read_at=0.0)
+    assert loop._line_due(terminal, view, read_at=now[0]) and not view.changed.is_set()
+    assert not loop._line_due(terminal, view, read_at=now[0])
+    now[0] += loop.STATUS_LINE_SECONDS
+    assert loop._line_due(terminal, view, read_at=100.0)

@@ -102,11 +102,14 @@ class LiveView:
     slots: int = 1
     started: float = dataclasses.field(default_factory=time.monotonic)
     done_at_start: int = 0
+    changed: threading.Event = dataclasses.field(default_factory=threading.Event)  # the status line is stale
 
     def finished(self, trial) -> None:
+        self.changed.set()
         self.narrator.say(trial_line(trial, self.searched_recipe), markup=False)
 
     def probing(self, number: int, config) -> None:
+        self.changed.set()
         line = f"#{number:<3} probing        {short_config(config, self.searched_recipe)}"
         if self.narrator.console.is_terminal:
             self.narrator.log(line)  # the status line shows it on a terminal
@@ -259,9 +262,13 @@ def tune(
         ]
         for thread in threads:
             thread.start()
+        read_at = time.monotonic()
         while any(thread.is_alive() for thread in threads):
             for thread in threads:
                 thread.join(timeout=0.5 / len(threads))
+            if not _line_due(console, view, read_at):
+                continue
+            read_at = time.monotonic()
             with contextlib.suppress(Exception):  # a storage outage: the slots report it
                 finished = finished_trials(tuner.study)  # read once per refresh, for the bar and the ETA
                 progress.update(
@@ -272,6 +279,21 @@ def tune(
     if control.cancel.is_set():
         return KILLED
     return loop.reason or TRIALS_DONE
+
+
+STATUS_LINE_SECONDS = 5.0  # how often the status line reads the study when nothing happened here
+
+
+def _line_due(console: Console, view: LiveView | None, read_at: float) -> bool:
+    """Whether to read the study again for the status line. Reading it costs CPU the probe shares: not at
+    all without a terminal (the trial lines say it all), else when a trial here started or finished, or
+    every few seconds (trials other workers record, the ETA)."""
+    if not console.is_terminal:
+        return False
+    if view is not None and view.changed.is_set():
+        view.changed.clear()
+        return True
+    return time.monotonic() - read_at >= STATUS_LINE_SECONDS
 
 
 def probe_study(
