@@ -33,7 +33,6 @@ from autotune.memory.advice import remedies
 from autotune.memory.budget import Budget
 from autotune.memory.model import DEVICES, PRIORS, Architecture, predict_components
 from autotune.models.names import verl_model_path
-from autotune.models.registry import resolve_model
 from autotune.probe.conditions import disturbance, worst_disturbance
 from autotune.report import gain, pick
 from autotune.report.selection import Selection, select
@@ -243,6 +242,8 @@ def exported_workers(plan: StudyPlan) -> int | None:
 def modelled_resident_bytes(plan: StudyPlan, config: Any, device: str) -> int | None:
     """The weights and optimizer states per GPU as the memory model prices them, for a probe that did not
     record them; None for a model autotune cannot build."""
+    from autotune.models.registry import resolve_model  # torch and transformers: only when needed
+
     try:
         actor = resolve_model(plan.model)
         reward = resolve_model(plan.reward_model) if plan.reward_model not in (None, "function") else None
