@@ -4,6 +4,7 @@ the comparison with the analytic model, and `autotune check --trace`."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from autotune.models.registry import build_causal_lm, build_critic, resolve_mode
 from autotune.probe.rank.measure import state_bytes
 from autotune.probe.rank.models import build_models
 from autotune.probe.rank.trace import _warm_up, trace_memory
-from autotune.probe.traced import TraceUnavailable, compare, traced_check
+from autotune.probe.traced import MemoryTrace, TraceUnavailable, compare, traced_check
 
 TINY = ProbeConfig(
     train_batch_size=8,
@@ -39,6 +40,13 @@ def tiny():
     return resolve_model("tiny-llama")
 
 
+@functools.cache
+def traced(config: ProbeConfig, world_size: int = 1, layout: str = "cpu") -> MemoryTrace:
+    """tiny-llama's trace of `config`, made once per test run: several tests read the same one, none
+    changes it (a trace is a pure function of the model and the config)."""
+    return trace_memory(resolve_model("tiny-llama"), None, config, world_size=world_size, layout=layout)
+
+
 def _real_states(spec, config: ProbeConfig) -> dict[str, int]:
     """The CPU probe's models built for real, stepped once: what a probe rank holds between iterations."""
     models = build_models(spec, None, config, torch.device("cpu"), 1)
@@ -49,7 +57,7 @@ def _real_states(spec, config: ProbeConfig) -> dict[str, int]:
 @pytest.mark.parametrize("knobs", [{}, {"use_lora": True}, {"algorithm": "grpo", "rollout_n": 2}])
 def test_traced_states_are_the_real_builds_bytes(tiny, knobs):
     config = dataclasses.replace(TINY, **knobs)
-    trace = trace_memory(tiny, None, config, world_size=1, layout="cpu")
+    trace = traced(config)
     real = _real_states(tiny, config)
     assert {k: trace.states[k] for k in STATES} == real
 
@@ -58,9 +66,9 @@ def test_traced_states_are_the_real_builds_bytes(tiny, knobs):
 def test_a_fake_world_of_w_shards_every_state_by_exactly_1_over_w(tiny, world_size):
     # GRPO: no critic, whose one-row value head FSDP pads to a row per rank (dim 0 is what it splits)
     config = dataclasses.replace(TINY, sharding="full_shard", algorithm="grpo", rollout_n=2)
-    whole = trace_memory(tiny, None, config, world_size=1, layout="cuda").states
+    whole = traced(config, layout="cuda").states
     # the batch shrinks with W too: train_batch_size 8 over 1, 2 or 4 ranks
-    part = trace_memory(tiny, None, config, world_size=world_size, layout="cuda").states
+    part = traced(config, world_size, "cuda").states
     for key in ("weights", "gradients"):
         assert part[key] * world_size == whole[key], key
     # Adam's moments are sharded; its step counter (one fp32 scalar per parameter tensor) is not
@@ -69,7 +77,7 @@ def test_a_fake_world_of_w_shards_every_state_by_exactly_1_over_w(tiny, world_si
 
 
 def test_the_trace_has_every_training_pass_and_peaks_above_its_states(tiny):
-    trace = trace_memory(tiny, None, TINY, world_size=1, layout="cpu")
+    trace = traced(TINY)
     names = [p.name for p in trace.phases]
     assert names == [
         "log-prob",
@@ -88,7 +96,7 @@ def test_the_trace_has_every_training_pass_and_peaks_above_its_states(tiny):
 
 
 def test_traced_states_match_the_analytic_states_exactly_at_tiny_size(tiny):
-    trace = trace_memory(tiny, None, TINY, world_size=1, layout="cpu")
+    trace = traced(TINY)
     analytic = predict_components(Architecture.from_specs(tiny), TINY, 1, "cpu")
     rows = {r.term: r for r in compare(trace, analytic)}
     for term in ("weights", "gradients"):
@@ -116,7 +124,7 @@ def test_a_config_the_tracer_cannot_run_says_so_in_one_line(tiny):
 
 @pytest.mark.e2e
 def test_the_trace_process_gives_what_the_trace_gives(tiny):
-    in_process = trace_memory(tiny, None, TINY, world_size=1, layout="cpu")
+    in_process = traced(TINY)
     said = traced_check(tiny, None, TINY, 1, "cpu")
     assert said.failed is None
     rows = {r.term: r.traced for r in said.rows}
@@ -125,7 +133,7 @@ def test_the_trace_process_gives_what_the_trace_gives(tiny):
 
 
 def test_replicate_over_two_ranks_takes_ddp_buckets_from_the_analytic_model(tiny):
-    trace = trace_memory(tiny, None, TINY, world_size=2, layout="cpu")
+    trace = traced(TINY, 2)
     buckets = predict_components(Architecture.from_specs(tiny), TINY, 2, "cpu").ddp_buckets
     assert trace.states["ddp_buckets"] == buckets > 0
     assert any("DDP" in note for note in trace.notes)
