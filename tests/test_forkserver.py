@@ -119,7 +119,9 @@ def test_issue_example_forked_measures_like_a_fresh_process(server, monkeypatch)
     fresh = run_probe(ISSUE_EXAMPLE, TINY)
     assert fresh.status == "ok" and forkserver.forked_ranks() == before + 1
     # A forked rank starts from the server's resident pages, as a fresh one from its own imports (+2-3%).
-    assert forked.peak_memory_bytes == pytest.approx(fresh.peak_memory_bytes, rel=0.06)
+    # Once in CI (2026-12-03, -n 2) a fresh rank read 770 MiB against the usual ~570: what each saw, if again.
+    seen = {name: (r.rank_peaks, r.environment) for name, r in (("forked", forked), ("fresh", fresh))}
+    assert forked.peak_memory_bytes == pytest.approx(fresh.peak_memory_bytes, rel=0.06), seen
 
 
 def test_two_gloo_ranks_share_one_group(server):
