@@ -36,6 +36,7 @@ import torch
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.lengths import JobLengths
+from autotune.probe.rank.pass_math import AUTOTUNE, PassMath
 from autotune.probe.traced import MemoryTrace, PhasePeak, TraceUnavailable
 
 __all__ = ["LAYOUTS", "main", "trace_memory"]
@@ -446,8 +447,10 @@ def trace_memory(
     world_size: int = 1,
     layout: str = "cuda",
     lengths: JobLengths | None = None,
+    math: PassMath = AUTOTUNE,
 ) -> MemoryTrace:
-    """Trace the probe's scoring and update passes of `config` on one rank of `world_size`.
+    """Trace the probe's scoring and update passes of `config` on one rank of `world_size`, their per-token
+    math done by `math`'s functions (autotune's by default; verl's in verl's environment).
 
     Raises TraceUnavailable (one line) for what the tracer does not handle: offload, an architecture whose
     code reads tensor values, a process group already running here."""
@@ -461,7 +464,7 @@ def trace_memory(
     _refuse(config, layout)
     lengths = lengths or JobLengths()
     started = time.perf_counter()
-    notes = [NOT_TRACED]
+    notes = [NOT_TRACED, *math.notes]
     with fake_world(world_size), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch and transformers warn about fake tensors' data pointers
         if config.sharded:
@@ -483,9 +486,7 @@ def trace_memory(
                 _warm_up(models, layout)
                 resident = _resident(models, _rollout_buffer(config, world_size), layout, config.sharded)
                 compute = torch.bfloat16 if layout == "cuda" else None
-                ctx = ppo.StepContext(
-                    config, HOST, world_size, pad_token_id=0, compute_dtype=compute, lengths=lengths
-                )
+                ctx = ppo.StepContext(config, HOST, world_size, 0, compute, lengths=lengths, math=math)
                 phases = _traced_passes(_passes(models, ctx, config, world_size, lengths), resident)
             except TraceUnavailable:
                 raise
@@ -504,12 +505,22 @@ def trace_memory(
         notes.append(DDP_NOTE)
     if layout == "cuda" and config.sharded and config.use_kl and not config.use_lora:
         notes.append(HOST_REFERENCE_NOTE)
-    return MemoryTrace(world_size, layout, states, phases, time.perf_counter() - started, notes)
+    seconds = time.perf_counter() - started
+    return MemoryTrace(world_size, layout, states, phases, seconds, notes, dict(math.functions))
+
+
+def _pass_math(whose: str) -> PassMath:
+    if whose == "verl":
+        from autotune.probe.rank.verl_math import verl_math
+
+        return verl_math()
+    return AUTOTUNE
 
 
 def main(argv: list[str] | None = None) -> int:
-    """runners/memory_trace.py JOB: JOB is JSON {"model", "reward", "trust_remote_code",
-    "config", "world_size", "layout"}; prints the trace as JSON, or {"failed": why} when it cannot run."""
+    """runners/memory_trace.py JOB: JOB is JSON {"model", "reward", "trust_remote_code", "config",
+    "world_size", "layout", "pass_math"}; prints the trace as JSON, or {"failed": why} when it cannot run.
+    "pass_math": "verl" runs verl's functions (this process must be verl's python), else autotune's."""
     import json
     import sys
 
@@ -522,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
         reward = resolve_model(job["reward"], trust_remote_code=trusted) if job.get("reward") else None
         config = ProbeConfig(**job["config"])
         lengths = JobLengths.from_dict(job.get("lengths"))
-        trace = trace_memory(spec, reward, config, int(job["world_size"]), job["layout"], lengths)
+        math = _pass_math(job.get("pass_math", "autotune"))
+        trace = trace_memory(spec, reward, config, int(job["world_size"]), job["layout"], lengths, math)
     except TraceUnavailable as error:
         print(json.dumps({"failed": str(error)}))
         return 0
