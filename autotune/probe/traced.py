@@ -6,9 +6,11 @@
 
 The trace itself (`autotune.probe.rank.trace`) runs the probe rank's code, so it runs as a rank does: in a
 process of its own (`python -m autotune.probe.rank.trace JOB`), which also keeps its fake process group and
-fake tensors out of this one. Both sides are per-rank tensor bytes, with no runtime constant and no allocator
-factor: the analytic side is `predict_components` (the model's raw terms). A row's `error` is
-(analytic − traced) / traced: positive when the analytic model says more.
+fake tensors out of this one. With `verl_python` that process is verl's environment's python and the passes'
+per-token math is verl's own (`autotune.probe.rank.verl_math`); the trace names the functions it ran.
+Both sides are per-rank tensor bytes, with no runtime constant and no allocator factor: the analytic side
+is `predict_components` (the model's raw terms). A row's `error` is (analytic − traced) / traced: positive
+when the analytic model says more.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
     trace = trace_memory(resolve_model("llama-2-7b"), None, config, world_size=2)   # ~20 s on 2 cores
     trace.peak("update"), trace.phases[0].parts, trace.states
 
-The probe's own code runs (`autotune.probe.rank.models.build_models`, `ppo.score`'s forwards, `ppo._train`)
-with every tensor fake: shapes, dtypes and devices are real, storage is not. Torch's memory trackers
+The probe's own code runs (`autotune.probe.rank.models.build_models`, `ppo.score`'s forwards, `ppo._train`),
+its per-token math by `math` (autotune's functions, or verl's in verl's environment: `pass_math`), with every
+tensor fake: shapes, dtypes and devices are real, storage is not. Torch's memory trackers
 (`FSDPMemTracker` for sharded models, `MemTracker` otherwise) count every storage each phase allocates and
 frees. The layout is a GPU run's by default: trainable fp32 weights, frozen bf16, FSDP2's bf16 mixed
 precision and autocast, over a fake process group of W ranks (the tensors sit on the host, so the reference's
