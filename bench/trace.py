@@ -5,6 +5,7 @@
     python -m bench.trace collect --verl-python .venv-verl/bin/python --only seed-5.1 -7b/ \
         --out bench/results/trace-verl.jsonl        # the 7B cases, their per-token math by verl 0.9.1's
     python -m bench.trace table --out bench/results/trace-verl.jsonl
+    python -m bench.trace peaks --out bench/results/trace-verl.jsonl  # per config, each phase's peak
     python -m bench.trace measured                  # tiny models: trace vs a real CPU run, state and peak
 
 `collect` appends one line per configuration to bench/results/trace.jsonl: the config, the trace
@@ -189,9 +190,33 @@ def table(path: Path) -> None:
     print(f"\ntrace time: median {statistics.median(seconds):.0f} s, longest {max(seconds):.0f} s")
 
 
+PEAKS = ("scoring: peak", "backward: peak", "update: peak")
+
+
+def peaks(path: Path) -> None:
+    """Per configuration, each phase's peak: analytic vs traced GiB and the difference (Markdown), and the
+    per-token functions the trace ran."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    print("| config | " + " | ".join(PEAKS) + " |")
+    print("|---|" + "---|" * len(PEAKS))
+    functions = set()
+    for record in (r for r in records if "trace" in r):
+        rows = {row.term: row for row in _rows(record)}
+        cells = [
+            f"{rows[t].analytic / 2**30:.2f} vs {rows[t].traced / 2**30:.2f} ({rows[t].error:+.1%})"
+            if t in rows and rows[t].error is not None
+            else "—"
+            for t in PEAKS
+        ]
+        print(f"| {record['name']} | " + " | ".join(cells) + " |")
+        functions.add(json.dumps(record["trace"].get("functions", {}), sort_keys=True))
+    for found in sorted(functions):
+        print(f"\nper-token functions traced: {found}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["collect", "table", "measured"])
+    parser.add_argument("command", choices=["collect", "table", "peaks", "measured"])
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument(
         "--verl-python", help="collect: trace in this verl 0.9.1 python, with verl's functions"
@@ -202,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         collect(args.out, args.verl_python, args.only)
     elif args.command == "table":
         table(args.out)
+    elif args.command == "peaks":
+        peaks(args.out)
     else:
         from bench.trace_measured import main as measured
 
