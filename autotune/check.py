@@ -47,6 +47,7 @@ from autotune.config.rules import (
     value_findings,
     worker_findings,
 )
+from autotune.errors import UserError
 from autotune.formats.read import read_target
 from autotune.formats.target import ASSUMED, Measured, Target
 from autotune.formats.trl import TRL_KIND
@@ -91,6 +92,7 @@ class CheckOptions:
     response_key: str | None = None
     verl_log: Path | None = None  # a previous verl run's log: its response lengths (and prompts without data)
     trace: bool = False  # also trace the training passes under FakeTensorMode (autotune.probe.rank.trace)
+    verl_python: str | None = None  # with trace: run it in verl's environment, with verl's per-token math
 
 
 @dataclass
@@ -302,6 +304,7 @@ def check(options: CheckOptions) -> CheckResult:
     """Read the config and run every check; UserError for input that cannot be read."""
     target = read_target(options.path, options.gpus)
     card = _card(options, target)  # an unknown --gpu is a usage error: before any work
+    _check_verl_python(options)
     gpus = options.gpus or target.gpus or 1
     findings = list(target.findings)
     if options.gpus is None and target.gpus is None:
@@ -332,6 +335,20 @@ def check(options: CheckOptions) -> CheckResult:
             traced = TracedCheck.not_run("the file lacks the batch sizes the trace needs", gpus)
     label = card.label if card else None
     return CheckResult(str(options.path), target, gpus, label, findings, memory, traced)
+
+
+def _check_verl_python(options: CheckOptions) -> None:
+    """--verl-python is the trace's: without --trace, or naming no verl 0.9.1, one line (exit 2) before the
+    minutes a trace takes."""
+    if options.verl_python is None:
+        return
+    if not options.trace:
+        raise UserError(
+            f"--verl-python {options.verl_python}: it names the python the trace runs in; add --trace"
+        )
+    from autotune.probe.traced import verl_trace_python
+
+    verl_trace_python(options.verl_python)
 
 
 def _model_checks(
@@ -378,7 +395,8 @@ def _model_checks(
     if options.trace:  # the layout of the device the verdict is about
         from autotune.probe.traced import traced_check
 
-        traced = traced_check(spec, reward_spec, config, gpus, memory.get("device", "cuda"))
+        layout = memory.get("device", "cuda")
+        traced = traced_check(spec, reward_spec, config, gpus, layout, options.verl_python)
     return findings + memory_found, memory, traced
 
 

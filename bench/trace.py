@@ -2,10 +2,17 @@
 
     python -m bench.trace collect                   # ~30 traces of 7B/13B models, 20-90 s each (resumable)
     python -m bench.trace table                     # median and worst relative error per term (Markdown)
+    python -m bench.trace collect --verl-python .venv-verl/bin/python --only seed-5.1 -7b/ \
+        --out bench/results/trace-verl.jsonl        # the 7B cases, their per-token math by verl 0.9.1's
+    python -m bench.trace table --out bench/results/trace-verl.jsonl
+    python -m bench.trace peaks --out bench/results/trace-verl.jsonl  # per config, each phase's peak
     python -m bench.trace measured                  # tiny models: trace vs a real CPU run, state and peak
 
 `collect` appends one line per configuration to bench/results/trace.jsonl: the config, the trace
-(`autotune.probe.rank.trace`, GPU layout) and the analytic terms (`predict_components`, CUDA).
+(`autotune.probe.rank.trace`, GPU layout) and the analytic terms (`predict_components`, CUDA). With
+`--verl-python` each trace runs in verl's environment, its log-probs, entropy and losses by verl's own
+functions (`autotune.probe.rank.verl_math`; the trace records which); `--only` keeps the cases whose name
+holds one of the given strings.
 
 The grid: the seed article's three scenarios; and for llama-2-7b, llama-2-13b and qwen2.5-7b, one knob at a
 time around a base (GRPO with KL, full_shard over 2 ranks, micro batch 4, 512 + 512 tokens, checkpointing on,
@@ -102,22 +109,31 @@ def _config(case: dict[str, Any]) -> ProbeConfig:
     return ProbeConfig(**{k: v for k, v in case["config"].items() if k in names})
 
 
-def collect(out: Path) -> None:
+def _trace(spec: Any, reward: Any, config: ProbeConfig, gpus: int, verl_python: str | None) -> Any:
+    """In this process with autotune's functions; in verl's python (a process of its own) with verl's."""
+    from autotune.probe.rank.trace import trace_memory
+    from autotune.probe.traced import run_trace
+
+    if verl_python:
+        return run_trace(spec, reward, config, gpus, "cuda", verl_python)
+    return trace_memory(spec, reward, config, gpus)
+
+
+def collect(out: Path, verl_python: str | None = None, only: list[str] | None = None) -> None:
     from autotune.memory.model import Architecture, predict_components
     from autotune.models.registry import resolve_model
-    from autotune.probe.rank.trace import trace_memory
     from autotune.probe.traced import TraceUnavailable
 
     done = {json.loads(line)["name"] for line in out.read_text().splitlines()} if out.exists() else set()
     for case in _cases():
-        if case["name"] in done:
+        if case["name"] in done or (only and not any(part in case["name"] for part in only)):
             continue
         spec = resolve_model(case["model"])
         reward = resolve_model(case["reward"]) if case["reward"] else None
         config = _config(case)
         record = dict(case)
         try:
-            trace = trace_memory(spec, reward, config, case["gpus"])
+            trace = _trace(spec, reward, config, case["gpus"], verl_python)
             record["trace"] = trace.to_dict()
         except TraceUnavailable as error:
             record["trace_error"] = str(error)
@@ -174,15 +190,45 @@ def table(path: Path) -> None:
     print(f"\ntrace time: median {statistics.median(seconds):.0f} s, longest {max(seconds):.0f} s")
 
 
+PEAKS = ("scoring: peak", "backward: peak", "update: peak")
+
+
+def peaks(path: Path) -> None:
+    """Per configuration, each phase's peak: analytic vs traced GiB and the difference (Markdown), and the
+    per-token functions the trace ran."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    print("| config | " + " | ".join(PEAKS) + " |")
+    print("|---|" + "---|" * len(PEAKS))
+    functions = set()
+    for record in (r for r in records if "trace" in r):
+        rows = {row.term: row for row in _rows(record)}
+        cells = [
+            f"{rows[t].analytic / 2**30:.2f} vs {rows[t].traced / 2**30:.2f} ({rows[t].error:+.1%})"
+            if t in rows and rows[t].error is not None
+            else "—"
+            for t in PEAKS
+        ]
+        print(f"| {record['name']} | " + " | ".join(cells) + " |")
+        functions.add(json.dumps(record["trace"].get("functions", {}), sort_keys=True))
+    for found in sorted(functions):
+        print(f"\nper-token functions traced: {found}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["collect", "table", "measured"])
+    parser.add_argument("command", choices=["collect", "table", "peaks", "measured"])
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--verl-python", help="collect: trace in this verl 0.9.1 python, with verl's functions"
+    )
+    parser.add_argument("--only", nargs="+", help="collect: only the cases whose name holds one of these")
     args = parser.parse_args(argv)
     if args.command == "collect":
-        collect(args.out)
+        collect(args.out, args.verl_python, args.only)
     elif args.command == "table":
         table(args.out)
+    elif args.command == "peaks":
+        peaks(args.out)
     else:
         from bench.trace_measured import main as measured
 

@@ -17,6 +17,8 @@ QUICK_SPACE = str(REPO / "tests" / "data" / "quick_space.yaml")
 # cpu-tiny as it was until 2026-12-01 (240 configurations, a budget over half of them exceed): the grid the
 # sampler's, the Optuna view's and verl's knobs' tests were written against
 TINY_GRID = REPO / "tests" / "data" / "tiny_grid_space.yaml"
+# verl 0.9.1's own environment (./setup.sh test makes it): the exports' referee, the trace's verl functions
+VERL_PYTHON = Path(os.environ.get("AUTOTUNE_VERL_PYTHON", REPO / ".venv-verl" / "bin" / "python"))
 ISSUE_EXAMPLE = [
     "--set",
     "train_batch_size=16",

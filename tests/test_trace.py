@@ -18,6 +18,7 @@ from autotune.memory.model import Architecture, predict_components
 from autotune.models.registry import build_causal_lm, build_critic, resolve_model
 from autotune.probe.rank.measure import state_bytes
 from autotune.probe.rank.models import build_models
+from autotune.probe.rank.pass_math import AUTOTUNE
 from autotune.probe.rank.trace import _warm_up, trace_memory
 from autotune.probe.traced import MemoryTrace, TraceUnavailable, compare, traced_check
 
@@ -93,6 +94,7 @@ def test_the_trace_has_every_training_pass_and_peaks_above_its_states(tiny):
         assert phase.peak == sum(phase.parts.values())
         assert phase.peak > resident, phase.name
     assert any("rollout" in note for note in trace.notes)
+    assert trace.functions == AUTOTUNE.functions  # autotune's per-token math unless verl's is asked for
 
 
 def test_traced_states_match_the_analytic_states_exactly_at_tiny_size(tiny):

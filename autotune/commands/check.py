@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from autotune.commands.arguments import COUNT, GIB, RANKS, add_command, options_from
+from autotune.probe.verl.install import VERL_VERSION
 
 __all__ = ["add_parser", "run"]
 
@@ -24,6 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "autotune check verl_overrides.txt --gpus 8 --gpu h100-80g --data data/train.jsonl",
             "autotune check trl_config.yaml --gpu a100-40g --data data/train.jsonl",
             "autotune check config.yaml --gpus 2 --trace",
+            "autotune check config.yaml --gpus 2 --trace --verl-python /opt/verl/bin/python",
         ],
     )
     parser.add_argument(
@@ -50,6 +52,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also trace the training passes of the real model under FakeTensorMode (no GPU, no weights; "
         "20-90 s for a 7B model) and print them beside the memory model's terms",
+    )
+    parser.add_argument(
+        "--verl-python",
+        metavar="PATH",
+        help=f"with --trace: the python of an environment with verl {VERL_VERSION}; the trace runs there, "
+        "its log-probs, entropy and losses by verl's own functions (default: autotune's, in this python)",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON object")
     parser.set_defaults(handler=run)

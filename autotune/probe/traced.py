@@ -6,19 +6,25 @@
 
 The trace itself (`autotune.probe.rank.trace`) runs the probe rank's code, so it runs as a rank does: in a
 process of its own (`python -m autotune.probe.rank.trace JOB`), which also keeps its fake process group and
-fake tensors out of this one. Both sides are per-rank tensor bytes, with no runtime constant and no allocator
-factor: the analytic side is `predict_components` (the model's raw terms). A row's `error` is
-(analytic − traced) / traced: positive when the analytic model says more.
+fake tensors out of this one. With `verl_python` that process is verl's environment's python and the passes'
+per-token math is verl's own (`autotune.probe.rank.verl_math`); the trace names the functions it ran.
+Both sides are per-rank tensor bytes, with no runtime constant and no allocator factor: the analytic side
+is `predict_components` (the model's raw terms). A row's `error` is (analytic − traced) / traced: positive
+when the analytic model says more.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.memory.model import MemoryBreakdown
@@ -38,6 +44,7 @@ __all__ = [
     "compare",
     "format_rows",
     "traced_check",
+    "verl_trace_python",
 ]
 
 TRACE_TIMEOUT = 900  # seconds: a 13B PPO config with a critic traces in about two minutes here
@@ -80,6 +87,7 @@ class MemoryTrace:
     phases: list[PhasePeak]
     seconds: float
     notes: list[str] = field(default_factory=list)
+    functions: dict[str, str] = field(default_factory=dict)  # the per-token math traced: entry -> function
 
     def peak(self, analytic_phase: str) -> PhasePeak | None:
         """The largest traced pass of one of the analytic model's phases ("scoring", "update")."""
@@ -96,7 +104,9 @@ class MemoryTrace:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MemoryTrace:
         phases = [PhasePeak(**p) for p in data["phases"]]
-        return cls(data["world_size"], data["layout"], data["states"], phases, data["seconds"], data["notes"])
+        functions = data.get("functions", {})  # traces collected before it was recorded ran autotune's
+        found = (data["world_size"], data["layout"], data["states"], phases, data["seconds"], data["notes"])
+        return cls(*found, functions)
 
 
 DISAGREES = 0.10  # a term whose two estimates differ by more than this is worth a look...
@@ -210,6 +220,7 @@ class TracedCheck:
     world_size: int
     layout: str
     failed: str | None = None
+    functions: dict[str, str] = field(default_factory=dict)  # the per-token math the trace ran
 
     @classmethod
     def not_run(cls, why: str, world_size: int, layout: str = "cuda") -> TracedCheck:
@@ -224,7 +235,13 @@ class TracedCheck:
             f"{self.seconds:.0f} s); analytic = the memory model's terms, without its runtime constant and "
             f"allocator factor:"
         )
-        return [head, *(f"  {line}" for line in format_rows(self.rows)), *(f"  · {n}" for n in self.notes)]
+        rows = [f"  {line}" for line in format_rows(self.rows)]
+        return [head, *rows, *(f"  · {n}" for n in [*self.notes, *self._functions_line()])]
+
+    def _functions_line(self) -> list[str]:
+        if not self.functions:
+            return []
+        return ["per-token math traced: " + "; ".join(f"{k}: {v}" for k, v in self.functions.items())]
 
     def to_dict(self) -> dict:
         return {
@@ -234,6 +251,7 @@ class TracedCheck:
             "world_size": self.world_size,
             "layout": self.layout,
             "failed": self.failed,
+            "functions": self.functions,
         }
 
 
@@ -242,9 +260,16 @@ def _model_ref(spec: ModelSpec) -> str:
 
 
 def run_trace(
-    actor_spec: ModelSpec, reward_spec: ModelSpec | None, config: ProbeConfig, world_size: int, layout: str
+    actor_spec: ModelSpec,
+    reward_spec: ModelSpec | None,
+    config: ProbeConfig,
+    world_size: int,
+    layout: str,
+    verl_python: str | None = None,
 ) -> MemoryTrace:
-    """The trace, in a process of its own; TraceUnavailable (one line) when it cannot run."""
+    """The trace, in a process of its own; TraceUnavailable (one line) when it cannot run. With
+    `verl_python` it runs in verl's environment with verl's per-token functions (`verl_trace_python` has
+    checked that environment)."""
     job = {
         "model": _model_ref(actor_spec),
         "reward": _model_ref(reward_spec) if reward_spec else None,
@@ -252,13 +277,15 @@ def run_trace(
         "config": dataclasses.asdict(config),
         "world_size": world_size,
         "layout": layout,
+        "pass_math": "verl" if verl_python else "autotune",
     }
-    command = [sys.executable, str(runner_path("memory_trace.py")), json.dumps(job)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MASTER_ADDR": "", "RANK": "", "WORLD_SIZE": ""}
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=TRACE_TIMEOUT, env=env)
-    except subprocess.TimeoutExpired as error:
-        raise TraceUnavailable(f"the trace ran over {TRACE_TIMEOUT} s") from error
+    with _package_path(env, verl_python is not None):
+        command = [verl_python or sys.executable, str(runner_path("memory_trace.py")), json.dumps(job)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=TRACE_TIMEOUT, env=env)
+        except subprocess.TimeoutExpired as error:
+            raise TraceUnavailable(f"the trace ran over {TRACE_TIMEOUT} s") from error
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -269,16 +296,65 @@ def run_trace(
     return MemoryTrace.from_dict(data)
 
 
+@contextlib.contextmanager
+def _package_path(env: dict[str, str], other_python: bool) -> Iterator[None]:
+    """For another environment's python: a folder holding only autotune's package (a link to it) first on
+    PYTHONPATH, so that autotune imports there and everything else is that environment's own (its torch,
+    transformers and verl; none of this environment's site-packages)."""
+    if not other_python:
+        yield
+        return
+    import autotune
+
+    with tempfile.TemporaryDirectory(prefix="autotune-path-") as folder:
+        (Path(folder) / "autotune").symlink_to(Path(autotune.__file__).resolve().parent, True)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (folder, env.get("PYTHONPATH", "")) if p)
+        yield
+
+
+# Run with verl's python: verl's version, and the modules whose functions the trace calls.
+VERL_PROBE = (
+    "import verl, verl.utils.torch_functional, verl.trainer.ppo.core_algos, verl.workers.config; "
+    "print(verl.__version__)"
+)
+
+
+def verl_trace_python(python: str) -> str:
+    """verl's version in the environment of `python`; UserError (exit 2) in one line when that python
+    cannot run, or verl is not importable there, or is not the version the trace's calls were read in."""
+    from autotune.errors import UserError
+    from autotune.probe.environment import last_line
+    from autotune.probe.verl.install import INSTALL, VERL_VERSION
+
+    path = Path(python).expanduser()
+    named = f"--verl-python {python}"
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise UserError(f"{named}: not an executable file; give the python of verl's environment")
+    version = last_line(path, ["-c", VERL_PROBE], named, "`import verl`", f"install it with {INSTALL}")
+    if version != VERL_VERSION:
+        raise UserError(
+            f"{named}: verl {version or '(no version)'} there; the trace calls verl {VERL_VERSION}'s "
+            f"functions: install it with {INSTALL}"
+        )
+    return version
+
+
 def traced_check(
-    actor_spec: ModelSpec, reward_spec: ModelSpec | None, config: ProbeConfig, world_size: int, layout: str
+    actor_spec: ModelSpec,
+    reward_spec: ModelSpec | None,
+    config: ProbeConfig,
+    world_size: int,
+    layout: str,
+    verl_python: str | None = None,
 ) -> TracedCheck:
-    """Trace `config` and set it beside the analytic terms; a trace that cannot run says why in one line."""
+    """Trace `config` and set it beside the analytic terms; a trace that cannot run says why in one line.
+    With `verl_python` (checked by `verl_trace_python`) the passes run verl's per-token functions."""
     from autotune.memory.model import Architecture, predict_components
 
     try:
-        trace = run_trace(actor_spec, reward_spec, config, world_size, layout)
+        trace = run_trace(actor_spec, reward_spec, config, world_size, layout, verl_python)
     except TraceUnavailable as error:
         return TracedCheck.not_run(str(error), world_size, layout)
     arch = Architecture.from_specs(actor_spec, reward_spec)
     rows = compare(trace, predict_components(arch, config, world_size, layout))
-    return TracedCheck(rows, trace.notes, trace.seconds, world_size, layout)
+    return TracedCheck(rows, trace.notes, trace.seconds, world_size, layout, functions=trace.functions)

@@ -42,6 +42,7 @@ from autotune.probe.rank.packing import (
     plan_responses,
     prefix_under_budget,
 )
+from autotune.probe.rank.pass_math import AUTOTUNE, PassMath
 from autotune.probe.rank.sharding import gathered, offloaded
 
 __all__ = [
@@ -63,7 +64,7 @@ __all__ = [
     "warmup_config",
 ]
 
-GAMMA, LAM, CLIP_RATIO, VALUE_CLIP = 1.0, 1.0, 0.2, 0.5  # verl's defaults
+GAMMA, LAM = 1.0, 1.0  # verl's defaults
 PASSES = ("verl", "trl")  # whose training passes a probe runs (module docstring)
 
 
@@ -93,6 +94,7 @@ class StepContext:
     # what each pass packed, over the measured iterations (verl passes)
     packing: dict[str, PassPacking] = field(default_factory=lambda: defaultdict(PassPacking))
     generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
+    math: PassMath = AUTOTUNE  # whose per-token functions the verl passes run (autotune.probe.rank.pass_math)
 
     def autocast(self):
         if self.compute_dtype is None:
@@ -181,8 +183,8 @@ class PackedLayout:
             out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
         logits = out.logits.squeeze(0)  # (tokens, vocab): every packed token's, as verl's logits_rmpad
         # the rollout's temperature is verl's default 1.0, where verl scales nothing (no copy of the logits)
-        token_entropy = rl_math.entropy_from_logits(logits) if entropy else None
-        token_log_probs = rl_math.logprobs_from_logits(logits, packed.labels)
+        token_entropy = ctx.math.entropy(logits) if entropy else None
+        token_log_probs = ctx.math.log_probs(logits, packed.labels)
         found = packed.responses_of(token_log_probs.float())
         return found, None if token_entropy is None else packed.responses_of(token_entropy.float())
 
@@ -464,22 +466,17 @@ def _actor_loss(models: Models, ctx: StepContext, batch: dict, idx: list[int]) -
     c = ctx.config
     log_probs, _ = batch["layout"].log_probs(models.actor, ctx, idx)
     mask = batch["response_mask"][idx]
-    loss, _ = rl_math.policy_loss(
-        log_probs, batch["old_log_probs"][idx], batch["advantages"][idx], mask, CLIP_RATIO
-    )
+    loss = ctx.math.policy_loss(log_probs, batch["old_log_probs"][idx], batch["advantages"][idx], mask)
     if c.algorithm == "grpo" and c.use_kl:  # GRPO keeps the KL out of the reward, in the loss (k3, as verl)
-        kl = rl_math.kl_penalty(log_probs, batch["ref_log_probs"][idx], "k3")
-        loss = loss + c.kl_coef * rl_math.masked_mean(kl, mask)
+        loss = loss + c.kl_coef * ctx.math.kl_loss(log_probs, batch["ref_log_probs"][idx], mask)
     return loss
 
 
 def _critic_loss(models: Models, ctx: StepContext, batch: dict, idx: list[int]) -> torch.Tensor:
     assert models.critic is not None  # update trains the critic only when there is one
     values = batch["layout"].values(models.critic, ctx, idx)
-    loss, _ = rl_math.value_loss(
-        values, batch["values"][idx], batch["returns"][idx], batch["response_mask"][idx], VALUE_CLIP
-    )
-    return loss
+    old, returns, mask = batch["values"][idx], batch["returns"][idx], batch["response_mask"][idx]
+    return ctx.math.value_loss(values, old, returns, mask)
 
 
 def _train(

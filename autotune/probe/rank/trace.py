@@ -3,8 +3,9 @@
     trace = trace_memory(resolve_model("llama-2-7b"), None, config, world_size=2)   # ~20 s on 2 cores
     trace.peak("update"), trace.phases[0].parts, trace.states
 
-The probe's own code runs (`autotune.probe.rank.models.build_models`, `ppo.score`'s forwards, `ppo._train`)
-with every tensor fake: shapes, dtypes and devices are real, storage is not. Torch's memory trackers
+The probe's own code runs (`autotune.probe.rank.models.build_models`, `ppo.score`'s forwards, `ppo._train`),
+its per-token math by `math` (autotune's functions, or verl's in verl's environment: `pass_math`), with every
+tensor fake: shapes, dtypes and devices are real, storage is not. Torch's memory trackers
 (`FSDPMemTracker` for sharded models, `MemTracker` otherwise) count every storage each phase allocates and
 frees. The layout is a GPU run's by default: trainable fp32 weights, frozen bf16, FSDP2's bf16 mixed
 precision and autocast, over a fake process group of W ranks (the tensors sit on the host, so the reference's
@@ -36,6 +37,7 @@ import torch
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.lengths import JobLengths
+from autotune.probe.rank.pass_math import AUTOTUNE, PassMath
 from autotune.probe.traced import MemoryTrace, PhasePeak, TraceUnavailable
 
 __all__ = ["LAYOUTS", "main", "trace_memory"]
@@ -446,8 +448,10 @@ def trace_memory(
     world_size: int = 1,
     layout: str = "cuda",
     lengths: JobLengths | None = None,
+    math: PassMath = AUTOTUNE,
 ) -> MemoryTrace:
-    """Trace the probe's scoring and update passes of `config` on one rank of `world_size`.
+    """Trace the probe's scoring and update passes of `config` on one rank of `world_size`, their per-token
+    math done by `math`'s functions (autotune's by default; verl's in verl's environment).
 
     Raises TraceUnavailable (one line) for what the tracer does not handle: offload, an architecture whose
     code reads tensor values, a process group already running here."""
@@ -461,7 +465,7 @@ def trace_memory(
     _refuse(config, layout)
     lengths = lengths or JobLengths()
     started = time.perf_counter()
-    notes = [NOT_TRACED]
+    notes = [NOT_TRACED, *math.notes]
     with fake_world(world_size), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch and transformers warn about fake tensors' data pointers
         if config.sharded:
@@ -483,9 +487,7 @@ def trace_memory(
                 _warm_up(models, layout)
                 resident = _resident(models, _rollout_buffer(config, world_size), layout, config.sharded)
                 compute = torch.bfloat16 if layout == "cuda" else None
-                ctx = ppo.StepContext(
-                    config, HOST, world_size, pad_token_id=0, compute_dtype=compute, lengths=lengths
-                )
+                ctx = ppo.StepContext(config, HOST, world_size, 0, compute, lengths=lengths, math=math)
                 phases = _traced_passes(_passes(models, ctx, config, world_size, lengths), resident)
             except TraceUnavailable:
                 raise
@@ -504,12 +506,22 @@ def trace_memory(
         notes.append(DDP_NOTE)
     if layout == "cuda" and config.sharded and config.use_kl and not config.use_lora:
         notes.append(HOST_REFERENCE_NOTE)
-    return MemoryTrace(world_size, layout, states, phases, time.perf_counter() - started, notes)
+    seconds = time.perf_counter() - started
+    return MemoryTrace(world_size, layout, states, phases, seconds, notes, dict(math.functions))
+
+
+def _pass_math(whose: str) -> PassMath:
+    if whose == "verl":
+        from autotune.probe.rank.verl_math import verl_math
+
+        return verl_math()
+    return AUTOTUNE
 
 
 def main(argv: list[str] | None = None) -> int:
-    """runners/memory_trace.py JOB: JOB is JSON {"model", "reward", "trust_remote_code",
-    "config", "world_size", "layout"}; prints the trace as JSON, or {"failed": why} when it cannot run."""
+    """runners/memory_trace.py JOB: JOB is JSON {"model", "reward", "trust_remote_code", "config",
+    "world_size", "layout", "pass_math"}; prints the trace as JSON, or {"failed": why} when it cannot run.
+    "pass_math": "verl" runs verl's functions (this process must be verl's python), else autotune's."""
     import json
     import sys
 
@@ -522,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
         reward = resolve_model(job["reward"], trust_remote_code=trusted) if job.get("reward") else None
         config = ProbeConfig(**job["config"])
         lengths = JobLengths.from_dict(job.get("lengths"))
-        trace = trace_memory(spec, reward, config, int(job["world_size"]), job["layout"], lengths)
+        math = _pass_math(job.get("pass_math", "autotune"))
+        trace = trace_memory(spec, reward, config, int(job["world_size"]), job["layout"], lengths, math)
     except TraceUnavailable as error:
         print(json.dumps({"failed": str(error)}))
         return 0
