@@ -20,9 +20,10 @@ Protocol (JSON lines over the server's stdin/stdout):
   server -> {"request": K, "pid": N} or {"request": K, "error": str}, in request order;
             {"exit": N, "code": C} when rank N ends (C as Popen.returncode: negative for a signal).
 
-Peak memory: a forked rank's ru_maxrss starts from its RSS at the fork, which includes the server's
-imports, as a fresh rank's includes its own; the child maps the server's library pages again (a fork copies
-only anonymous page tables) so that CPU peaks match fresh processes' (measured: +2-3%, the extra preloads).
+Peak memory: a forked rank's peak resident set (VmHWM) starts from its RSS at the fork, which includes the
+server's imports, as a fresh rank's includes its own; the child maps the server's library pages again (a fork
+copies only anonymous page tables) so that CPU peaks match fresh processes' (measured: +2-3%, the extra
+preloads).
 """
 
 from __future__ import annotations
@@ -343,7 +344,7 @@ def _map_again(runs: list[tuple[int, int]]) -> None:
     """Map the server's library pages in this fork, as a fresh rank has them mapped after its imports.
 
     A fork copies the page tables of anonymous memory only: file pages come back when touched, so without
-    this a forked rank's RSS (its ru_maxrss, the peak on CPU) misses ~100 MB of library pages that only the
+    this a forked rank's RSS (its VmHWM, the peak on CPU) misses ~100 MB of library pages that only the
     imports touched, and reads ~10% below a fresh process's for a tiny model. Best effort (old kernels).
     """
     madvise = ctypes.CDLL(None, use_errno=True).madvise

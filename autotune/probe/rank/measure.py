@@ -17,7 +17,14 @@ __all__ = ["NvmlSampler", "peak_memory", "peak_rss_bytes", "reset_peak", "state_
 
 
 def peak_rss_bytes() -> int:
-    """High-water mark of this process's resident set (Linux reports KiB, macOS bytes)."""
+    """High-water mark of this process's resident set: on Linux its VmHWM, the peak of its own memory since it
+    started (or since `reset_peak`). Not ru_maxrss there: at exec the kernel carries the spawning process's
+    high-water mark into ru_maxrss, so a rank started by a 800 MiB test process or tuner read 800 MiB
+    whatever it used itself. Elsewhere ru_maxrss (macOS reports bytes)."""
+    with suppress(OSError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
@@ -27,8 +34,8 @@ def reset_peak(device: str) -> None:
     when it shards) builds on the host and moves only each rank's shard to the device; on CPU, where the host
     is the emulated device, the whole model each rank builds before sharding would otherwise be its peak.
     On Linux, glibc's malloc_trim hands the freed build memory back (small tensors live on the heap, which
-    otherwise stays resident) and writing 5 to clear_refs resets the resident set's high-water mark
-    (ru_maxrss follows)."""
+    otherwise stays resident) and writing 5 to clear_refs resets the resident set's high-water mark (VmHWM,
+    which `peak_rss_bytes` reads)."""
     if device == "cuda":
         import torch
 
