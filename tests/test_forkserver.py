@@ -118,8 +118,7 @@ def test_issue_example_forked_measures_like_a_fresh_process(server, monkeypatch)
     monkeypatch.setenv(forkserver.SWITCH, "0")
     # A spawning process's own high-water mark must not reach the rank's peak. ru_maxrss carries it over an
     # exec: in a long test session the worker held 800 MiB, and fresh ranks read that instead of their ~570.
-    spawner = bytearray(1 << 30)
-    spawner[:: 1 << 12] = b"\1" * len(range(0, 1 << 30, 1 << 12))  # resident, page by page
+    spawner = bytearray(b"\1") * (1 << 30)  # 1 GiB, every page written: resident
     fresh = run_probe(ISSUE_EXAMPLE, TINY)
     del spawner
     assert fresh.status == "ok" and forkserver.forked_ranks() == before + 1
