@@ -207,3 +207,29 @@ def test_remeasuring_stops_within_its_time_and_an_over_budget_reprobe_disqualifi
     pick.remeasure(tuner.study, rivals[:1], over, None, seconds=5.0)
     assert len(tuner.study.user_attrs[StudyAttr.REMEASURED][first]) == len(kept[first]) + 2
     assert pick.choose(tuner.study, budget).number == rivals[1].number
+
+
+def test_a_contender_left_with_its_first_probe_is_not_set_against_means():
+    budget = budget_fitting(1.0)
+    tuner = study_with(optuna.samplers.RandomSampler(seed=1), budget, seeds=False)
+    grid = SPACE.grid()
+    leader, rival, third = grid[-1], grid[-2], grid[-3]
+    first = {config_key(leader): 10.0, config_key(rival): 9.9, config_key(third): 9.8}
+    again = {config_key(leader): 9.0, config_key(rival): 8.9}  # both first figures were lucky draws
+
+    def probe(config, settings=None, cancel=None):
+        key = config_key(config)
+        speed = again[key] if tuner.study.user_attrs.get("measured") else first[key]
+        return dataclasses.replace(synthetic_probe(config), samples_per_sec=speed, wall_seconds=2.0)
+
+    for config in (leader, rival, third):
+        tuner.study.enqueue_trial(_params(config))
+    tuner.probe = probe
+    for _ in range(3):
+        tuner.step()
+    tuner.study.set_user_attr("measured", True)
+    rivals = pick.contenders(tuner.study, budget)
+    assert len(rivals) == 3
+    assert pick.remeasure(tuner.study, rivals, probe, None, seconds=0.0) == 2  # the third's turn ran out
+    chosen = pick.choose(tuner.study, budget)
+    assert config_key(trial_config_of(chosen)) == config_key(leader)  # mean 9.5, not the third's single 9.8

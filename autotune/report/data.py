@@ -461,7 +461,12 @@ def near_misses(
         elif str(trial.number) in remeasured:
             mean = pick.figures(study, trial)
             probes = f"{mean.count} probe{'s' if mean.count > 1 else ''}"
-            why = f"re-measured: mean {mean.mean:.3f} samples/s over {probes}, below the recommended one's"
+            why = (
+                f"re-measured: mean {mean.mean:.3f} samples/s over {probes}, below the recommended one's"
+                if mean.count > 1
+                else "not re-probed in the time allowed: its one probe, the draw that made it a contender, "
+                "is not set against means"
+            )
         else:
             why = "its confirmation probe failed (autotune report --confirm)"
         found.append(NearMiss(trial, why))

@@ -153,20 +153,22 @@ def reprobe_speed(record: dict[str, Any]) -> float:
 
 
 def choose(study: optuna.Study, budget: Budget) -> FrozenTrial | None:
-    """The contender (re-probed or not) with the best mean whose every peak stayed within the limit; None
-    when no trial was a contender."""
+    """The re-probed contender with the best mean whose every peak stayed within the limit; None when no
+    trial was a contender.
+
+    A contender's first probe is the draw that made it a contender: the best of several noisy draws sits
+    high, so a contender left with that one figure (the re-probes ran out of time) is not set against
+    means that hold a fresh draw. Only when no contender was re-probed (a stop before any) do first
+    figures decide."""
     remeasured = study.user_attrs.get(StudyAttr.REMEASURED, {})
     if not remeasured:
         return None
     trials = {str(t.number): t for t in finished_trials(study)}
-    best: tuple[float, FrozenTrial] | None = None
-    for number in remeasured:
-        trial = trials.get(number)
-        if trial is None:
-            continue
-        found = figures(study, trial)
-        if max(found.peaks) > budget.limit or min(found.speeds) <= 0:
-            continue
-        if best is None or found.mean > best[0]:
-            best = (found.mean, trial)
-    return best[1] if best else None
+    found = {number: figures(study, trials[number]) for number in remeasured if number in trials}
+    fit = {number: f for number, f in found.items() if max(f.peaks) <= budget.limit and min(f.speeds) > 0}
+    reprobed = {number: f for number, f in fit.items() if f.count > 1}
+    pool = reprobed or fit
+    if not pool:
+        return None
+    best = max(pool, key=lambda number: (pool[number].mean, -int(number)))
+    return trials[best]
