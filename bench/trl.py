@@ -369,9 +369,11 @@ def report(found: dict[str, Any]) -> None:
         f"(TRL's step_time); ratio {g['ratio']:.2f}x (rounds: {rounds})"
     )
     s, m = g["search"], g["manual_path"]
-    same = {k: v for k, v in g["pick"].items() if k != "dataloader_num_workers"}
-    if same.items() <= {**g["manual"], "activation_checkpointing": True}.items():
-        print("the pick is the manual path's config (but for the loader workers)")
+    if (
+        g["pick"].items()
+        <= {**g["manual"], "activation_checkpointing": True, "dataloader_num_workers": 0}.items()
+    ):
+        print("the pick is the manual path's config")
     print(f"search: {s['probes']} probes, {s['minutes']:.1f} min", end="; ")
     print(f"manual path: {m['launches']} launches, {m['minutes']:.1f} min")
 

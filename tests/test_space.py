@@ -571,6 +571,19 @@ def test_workers_are_clipped_to_the_cores_and_a_minimum_above_them_is_an_error()
         tiny_space(cores=2, knobs={"num_rollout_workers": {"min": 4, "max": 8}})
 
 
+def test_no_dataloader_workers_is_a_value_and_a_negative_count_is_an_error():
+    """0 workers (TRL's and transformers' default: the prompts load in the training process) may be held,
+    searched or seeded; a size knob stays at least 1."""
+    held = tiny_space(knobs={"num_rollout_workers": 0})
+    assert {c.num_rollout_workers for c in held.grid()} == {0}
+    searched = tiny_space(knobs={"num_rollout_workers": {"choices": [0, 1]}})
+    assert {c.num_rollout_workers for c in searched.grid()} == {0, 1}
+    with pytest.raises(SpaceError, match=r"num_rollout_workers\.min=-1: must be a whole number >= 0"):
+        tiny_space(knobs={"num_rollout_workers": {"min": -1, "max": 1}})
+    with pytest.raises(SpaceError, match=r"micro_batch_size=0: must be a whole number >= 1"):
+        tiny_space(knobs={"micro_batch_size": 0})
+
+
 def test_tuned_lengths_are_powers_of_two_or_linear_with_a_step():
     space = tiny_space(
         tune=["max_prompt_length", "max_response_length"],

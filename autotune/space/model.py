@@ -28,7 +28,7 @@ from typing import Any
 from autotune.config.knobs import DEFAULT_HEADROOM, ProbeConfig, physical_cores, resolve_mini_batch
 from autotune.config.numbers import is_int
 from autotune.config.schema import MISSING, Checker, show
-from autotune.space.schema import NO_ACCUMULATION, choice_ok, parse_space_file, read_space
+from autotune.space.schema import NO_ACCUMULATION, choice_ok, least, parse_space_file, read_space
 from autotune.space.specs import (
     ACCUM,
     BOOL_KNOBS,
@@ -649,7 +649,7 @@ def _seed_values(check: Checker, path: str, raw: dict, gpus: int | None) -> dict
         elif knob == UTILIZATION and value is not None:
             check.number(f"{path}.{knob}", value, 0, 1, open_low=True, open_high=True)
         elif not (knob in (LOGPROB, *VERL_KNOBS) and value is None):
-            check.integer(f"{path}.{knob}", value, 1)
+            check.integer(f"{path}.{knob}", value, least(knob))
         values[knob] = value
     return values if len(check.errors) == before else None
 

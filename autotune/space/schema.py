@@ -51,6 +51,7 @@ from autotune.units import divisors
 __all__ = [
     "NO_ACCUMULATION",
     "choice_ok",
+    "least",
     "parse_space_file",
     "read_space",
     "shipped_dir",
@@ -286,7 +287,7 @@ def _parse_knob(check: Checker, name: str, raw: Any, unit: int | None, cores: in
         return KnobSpec(name, FIXED, (raw,)) if choice_ok(check, path, name, raw) else None
     if name in (LOGPROB, *VERL_KNOBS) and raw is None:
         return KnobSpec(name, FIXED, (None,))
-    if check.integer(path, raw, 1) is None:
+    if check.integer(path, raw, least(name)) is None:
         return None
     if name == WORKERS and raw > cores:
         check.error(path, raw, too_many_workers(cores))
@@ -301,6 +302,12 @@ def _parse_knob(check: Checker, name: str, raw: Any, unit: int | None, cores: in
         check.error(path, raw, f"must be {unit_form(name, knob_unit)}, e.g. {near_units(raw, knob_unit)}")
         return None
     return dataclasses.replace(spec, low=exponent, high=exponent)
+
+
+def least(name: str) -> int:
+    """A knob's smallest value: 0 DataLoader workers loads in the training process (TRL's and transformers'
+    default); every size is at least 1."""
+    return 0 if name == WORKERS else 1
 
 
 def choice_ok(check: Checker, path: str, name: str, value: Any) -> bool:
@@ -328,7 +335,7 @@ def _parse_choices(check: Checker, name: str, raw: Any, cores: int) -> KnobSpec 
         elif name in FOLLOWING_BUDGETS and value is None:
             continue  # null: the actor's budget (verl's interpolation)
         else:
-            ok = check.integer(f"{path}[{i}]", value, 1) is not None and ok
+            ok = check.integer(f"{path}[{i}]", value, least(name)) is not None and ok
     if not ok:
         return None
     if len(set(raw)) != len(raw):
@@ -346,8 +353,8 @@ def _parse_range(check: Checker, name: str, raw: dict, unit: int, cores: int) ->
         if key not in raw:
             check.error(path, raw, f"a range needs both min and max (missing {key})")
             return None
-    low = check.integer(f"{path}.min", raw["min"], 1)
-    high = check.integer(f"{path}.max", raw["max"], 1)
+    low = check.integer(f"{path}.min", raw["min"], least(name))
+    high = check.integer(f"{path}.max", raw["max"], least(name))
     step = check.integer(f"{path}.step", raw["step"], 1) if "step" in raw else 1
     if low is None or high is None or step is None:
         return None
