@@ -247,3 +247,72 @@ def test_the_traced_check_says_which_lengths_it_traced():
     at_limits = TracedCheck([], [], 1.0, 1, "cpu")
     assert at_limits.lines()[0].startswith("traced memory at the limits (1 rank(s)")
     assert at_limits.to_dict()["lengths"] == "max"
+
+
+def _traced_on(monkeypatch, tmp_path: Path, **options):
+    """check() on DATA_CONFIG with the trace replaced by a stand-in: the lengths it was asked to trace."""
+    from autotune.check import CheckOptions, check
+    from autotune.probe import traced as traced_module
+    from autotune.probe.traced import TracedCheck
+
+    asked: list[JobLengths] = []
+
+    def stand_in(spec, reward, config, gpus, layout, verl_python=None, lengths=None):
+        asked.append(lengths)
+        return TracedCheck([], [], 0.0, gpus, layout, lengths=lengths.label)
+
+    monkeypatch.setattr(traced_module, "traced_check", stand_in)
+    config = tmp_path / "config.yaml"
+    config.write_text(DATA_CONFIG)
+    result = check(CheckOptions(path=config, gpu="a100-80g", trace=True, **options))
+    (lengths,) = asked
+    return result, lengths
+
+
+def test_check_traces_on_the_lengths_of_its_verdict(monkeypatch, tmp_path: Path):
+    result, lengths = _traced_on(monkeypatch, tmp_path, data=GSM8K_LIKE)
+    assert result.memory["lengths"] == "data" and lengths.on_data
+    assert lengths.describe(256, 512) == result.memory["lengths_used"]
+    worst = result.memory["at_max_lengths"]["predicted_peak_gib"]
+    assert (
+        f"the worst case at the limits (256+512 tokens a sample) is not traced: the memory model puts "
+        f"it at {worst:g} GiB" in result.traced.notes[0]
+    )
+    # asked for the worst case: the limits, and the note says the verdict is on the data
+    result, lengths = _traced_on(monkeypatch, tmp_path, data=GSM8K_LIKE, trace_lengths="max")
+    assert not lengths.on_data and result.memory["lengths"] == "data"
+    assert "the memory verdict is on the data's lengths" in result.traced.notes[0]
+    result, lengths = _traced_on(monkeypatch, tmp_path)  # no data: the limits, as the verdict
+    assert not lengths.on_data and result.memory["lengths"] == "max"
+
+
+def test_trace_lengths_without_trace_or_without_data_is_one_line(cli_here, tmp_path: Path):
+    config = tmp_path / "config.yaml"
+    config.write_text(DATA_CONFIG)
+    for args, said in (
+        (["--trace-lengths", "max"], "add --trace"),
+        (["--trace", "--trace-lengths", "data"], "pass --data FILE or --verl-log FILE"),
+        (["--trace", "--trace-lengths", "min"], "invalid choice"),
+    ):
+        done = cli_here("check", str(config), *args)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
+
+
+@pytest.mark.e2e
+def test_check_trace_on_data_traces_the_datas_micro_batches(tmp_path: Path):
+    config = tmp_path / "config.yaml"
+    config.write_text(DATA_CONFIG)
+    run = [sys.executable, "-m", "autotune", "check", str(config), "--gpu", "a100-80g", "--trace"]
+    shown = subprocess.run(
+        [*run, "--data", str(GSM8K_LIKE), "--json"], capture_output=True, text=True, timeout=300
+    )
+    assert shown.returncode in (0, 1), shown.stderr
+    report = json.loads(shown.stdout)
+    memory, trace = report["memory"], report["trace"]
+    assert trace["failed"] is None and trace["lengths"] == memory["lengths"] == "data"
+    assert trace["lengths_used"] == memory["lengths_used"]
+    priced = {kind: tokens for kind, tokens in memory["tokens"].items() if tokens}  # GRPO: no critic
+    assert trace["tokens"] == priced and trace["priced_tokens"] == memory["tokens"]
+    assert trace["tokens"]["update"] < memory["at_max_lengths"]["tokens"]["update"] == 2 * 768
+    rows = {r["term"]: r for r in trace["rows"]}
+    assert abs(rows["scoring: peak"]["error"]) < 0.10  # the analytic model on the same lengths
