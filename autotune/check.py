@@ -373,31 +373,39 @@ def _check_trace_lengths(options: CheckOptions) -> None:
         )
 
 
-def _trace_lengths(options: CheckOptions, memory: dict[str, Any], lengths: JobLengths) -> JobLengths:
-    """The lengths the trace packs its micro batches from: the memory verdict's (`memory.lengths`), unless
-    --trace-lengths asks for the data's or the limits'."""
-    wanted = options.trace_lengths or memory.get("lengths", "max")
+def _verdict_lengths(memory: dict[str, Any], passes: str) -> str:
+    """The lengths the memory verdict priced its micro batches on: `memory.lengths` for verl's packed passes;
+    TRL pads every batch to the limits, so its verdict is on them whatever the data."""
+    return memory.get("lengths", "max") if passes == "verl" else "max"
+
+
+def _trace_lengths(options: CheckOptions, verdict: str, lengths: JobLengths) -> JobLengths:
+    """The lengths the trace packs its micro batches from: the verdict's, unless --trace-lengths asks for the
+    data's or the limits'."""
+    wanted = options.trace_lengths or verdict
     return lengths if wanted == "data" else lengths.at_limits()
 
 
-def _trace_lengths_note(traced: TracedCheck, memory: dict[str, Any], config: ProbeConfig) -> str:
-    """Where the trace's lengths and the verdict's part: the worst case at the limits is the memory model's
-    (traced with --trace-lengths max); or, traced at the limits, the verdict is on the data's."""
+def _trace_lengths_note(
+    traced: TracedCheck, memory: dict[str, Any], verdict: str, config: ProbeConfig
+) -> str:
+    """Which lengths the trace took beside the verdict's: on the data's, the worst case at the limits is the
+    memory model's (traced with --trace-lengths max)."""
     limits = f"{config.max_prompt_length}+{config.max_response_length} tokens a sample"
-    if traced.lengths == "data":
-        worst = memory.get("at_max_lengths")
-        priced = (
-            f": the memory model puts it at {worst['predicted_peak_gib']:g} GiB ({worst['verdict']})"
-            if worst
-            else ""
-        )
-        return (
-            f"traced on the data's lengths, as the verdict; the worst case at the limits ({limits}) is not "
-            f"traced{priced}; --trace-lengths max traces it"
-        )
-    if memory.get("lengths") == "data":
-        return f"traced at the limits ({limits}), the worst case; the memory verdict is on the data's lengths"
-    return f"traced at the limits ({limits}), the worst case, as the verdict"
+    if traced.lengths == "max":
+        said = "as the verdict" if verdict == "max" else "the memory verdict is on the data's lengths"
+        return f"traced at the limits ({limits}), the worst case; {said}"
+    said = "as the verdict" if verdict == "data" else "the memory verdict is at the limits"
+    worst = memory.get("at_max_lengths")
+    priced = (
+        f": the memory model puts it at {worst['predicted_peak_gib']:g} GiB ({worst['verdict']})"
+        if worst
+        else ""
+    )
+    return (
+        f"traced on the data's lengths, {said}; the worst case at the limits ({limits}) is not "
+        f"traced{priced}; --trace-lengths max traces it"
+    )
 
 
 def _model_checks(
@@ -445,12 +453,12 @@ def _model_checks(
         from autotune.probe.traced import traced_check
 
         layout = memory.get("device", "cuda")
-        on = _trace_lengths(options, memory, lengths)
+        verdict = _verdict_lengths(memory, passes)
+        on = _trace_lengths(options, verdict, lengths)
         traced = traced_check(spec, reward_spec, config, gpus, layout, options.verl_python, on)
         if not traced.failed:
-            traced = dataclasses.replace(
-                traced, notes=[_trace_lengths_note(traced, memory, config), *traced.notes]
-            )
+            note = _trace_lengths_note(traced, memory, verdict, config)
+            traced = dataclasses.replace(traced, notes=[note, *traced.notes])
     return findings + memory_found, memory, traced
 
 

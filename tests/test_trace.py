@@ -249,8 +249,9 @@ def test_the_traced_check_says_which_lengths_it_traced():
     assert at_limits.to_dict()["lengths"] == "max"
 
 
-def _traced_on(monkeypatch, tmp_path: Path, **options):
-    """check() on DATA_CONFIG with the trace replaced by a stand-in: the lengths it was asked to trace."""
+def _traced_on(monkeypatch, tmp_path: Path, text: str = DATA_CONFIG, **options):
+    """check() on a config (DATA_CONFIG) with the trace replaced by a stand-in: the lengths it was asked to
+    trace."""
     from autotune.check import CheckOptions, check
     from autotune.probe import traced as traced_module
     from autotune.probe.traced import TracedCheck
@@ -262,8 +263,8 @@ def _traced_on(monkeypatch, tmp_path: Path, **options):
         return TracedCheck([], [], 0.0, gpus, layout, lengths=lengths.label)
 
     monkeypatch.setattr(traced_module, "traced_check", stand_in)
-    config = tmp_path / "config.yaml"
-    config.write_text(DATA_CONFIG)
+    config = tmp_path / ("trl_config.yaml" if "num_generations" in text else "config.yaml")
+    config.write_text(text)
     result = check(CheckOptions(path=config, gpu="a100-80g", trace=True, **options))
     (lengths,) = asked
     return result, lengths
@@ -284,6 +285,18 @@ def test_check_traces_on_the_lengths_of_its_verdict(monkeypatch, tmp_path: Path)
     assert "the memory verdict is on the data's lengths" in result.traced.notes[0]
     result, lengths = _traced_on(monkeypatch, tmp_path)  # no data: the limits, as the verdict
     assert not lengths.on_data and result.memory["lengths"] == "max"
+    assert (
+        result.traced.notes[0]
+        == "traced at the limits (256+512 tokens a sample), the worst case; as the verdict"
+    )
+
+
+def test_check_traces_a_trl_file_at_the_limits_it_pads_to(monkeypatch, tmp_path: Path):
+    """TRL pads every batch to its longest prompt and the completion limit: its verdict prices the limits,
+    whatever the data, and so does the trace."""
+    trl = "generation_batch_size: 8\nnum_generations: 4\nmax_completion_length: 64\n"
+    result, lengths = _traced_on(monkeypatch, tmp_path, trl, data=GSM8K_LIKE, model="tiny-llama")
+    assert not lengths.on_data and result.memory["tokens"] == {}  # padded rows, not packed tokens
 
 
 def test_trace_lengths_without_trace_or_without_data_is_one_line(cli_here, tmp_path: Path):
