@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.config.knobs import ProbeConfig
+from autotune.config.lengths import JobLengths
 from autotune.config.rules import (
     Finding,
     config_findings,
@@ -93,6 +94,7 @@ class CheckOptions:
     verl_log: Path | None = None  # a previous verl run's log: its response lengths (and prompts without data)
     trace: bool = False  # also trace the training passes under FakeTensorMode (autotune.probe.rank.trace)
     verl_python: str | None = None  # with trace: run it in verl's environment, with verl's per-token math
+    trace_lengths: str | None = None  # with trace: "data" or "max" (TRACE_LENGTHS); None: the verdict's
 
 
 @dataclass
@@ -305,6 +307,7 @@ def check(options: CheckOptions) -> CheckResult:
     target = read_target(options.path, options.gpus)
     card = _card(options, target)  # an unknown --gpu is a usage error: before any work
     _check_verl_python(options)
+    _check_trace_lengths(options)
     gpus = options.gpus or target.gpus or 1
     findings = list(target.findings)
     if options.gpus is None and target.gpus is None:
@@ -351,6 +354,60 @@ def _check_verl_python(options: CheckOptions) -> None:
     verl_trace_python(options.verl_python)
 
 
+TRACE_LENGTHS = ("data", "max")  # what `check --trace` packs its micro batches from
+
+
+def _check_trace_lengths(options: CheckOptions) -> None:
+    """--trace-lengths is the trace's: without --trace, or asking for the data's lengths with no data or verl
+    log to take them from, one line (exit 2) before any work."""
+    wanted = options.trace_lengths
+    if wanted is None:
+        return
+    if wanted not in TRACE_LENGTHS:
+        raise UserError(f"--trace-lengths {wanted}: one of {', '.join(TRACE_LENGTHS)}")
+    if not options.trace:
+        raise UserError(f"--trace-lengths {wanted}: it names the lengths the trace runs at; add --trace")
+    if wanted == "data" and options.data is None and options.verl_log is None:
+        raise UserError(
+            "--trace-lengths data: no lengths but the limits; pass --data FILE or --verl-log FILE"
+        )
+
+
+def _verdict_lengths(memory: dict[str, Any], passes: str) -> str:
+    """The lengths the memory verdict priced its micro batches on: `memory.lengths` for verl's packed passes;
+    TRL pads every batch to the limits, so its verdict is on them whatever the data."""
+    return memory.get("lengths", "max") if passes == "verl" else "max"
+
+
+def _trace_lengths(options: CheckOptions, verdict: str, lengths: JobLengths) -> JobLengths:
+    """The lengths the trace packs its micro batches from: the verdict's, unless --trace-lengths asks for the
+    data's or the limits'."""
+    wanted = options.trace_lengths or verdict
+    return lengths if wanted == "data" else lengths.at_limits()
+
+
+def _trace_lengths_note(
+    traced: TracedCheck, memory: dict[str, Any], verdict: str, config: ProbeConfig
+) -> str:
+    """Which lengths the trace took beside the verdict's: on the data's, the worst case at the limits is the
+    memory model's (traced with --trace-lengths max)."""
+    limits = f"{config.max_prompt_length}+{config.max_response_length} tokens a sample"
+    if traced.lengths == "max":
+        said = "as the verdict" if verdict == "max" else "the memory verdict is on the data's lengths"
+        return f"traced at the limits ({limits}), the worst case; {said}"
+    said = "as the verdict" if verdict == "data" else "the memory verdict is at the limits"
+    worst = memory.get("at_max_lengths")
+    priced = (
+        f": the memory model puts it at {worst['predicted_peak_gib']:g} GiB ({worst['verdict']})"
+        if worst
+        else ""
+    )
+    return (
+        f"traced on the data's lengths, {said}; the worst case at the limits ({limits}) is not "
+        f"traced{priced}; --trace-lengths max traces it"
+    )
+
+
 def _model_checks(
     options: CheckOptions, target: Target, config: ProbeConfig, gpus: int, card: Budget | None
 ) -> tuple[list[Finding], dict[str, Any] | None, TracedCheck | None]:
@@ -392,11 +449,16 @@ def _model_checks(
         target = dataclasses.replace(target, device=None)
     memory_found, memory = memory_findings(arch, target, config, gpus, card, report, lengths, passes)
     traced = None
-    if options.trace:  # the layout of the device the verdict is about
+    if options.trace:  # the layout of the device the verdict is about, on the lengths it judged
         from autotune.probe.traced import traced_check
 
         layout = memory.get("device", "cuda")
-        traced = traced_check(spec, reward_spec, config, gpus, layout, options.verl_python)
+        verdict = _verdict_lengths(memory, passes)
+        on = _trace_lengths(options, verdict, lengths)
+        traced = traced_check(spec, reward_spec, config, gpus, layout, options.verl_python, on)
+        if not traced.failed:
+            note = _trace_lengths_note(traced, memory, verdict, config)
+            traced = dataclasses.replace(traced, notes=[note, *traced.notes])
     return findings + memory_found, memory, traced
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from autotune.config.knobs import ProbeConfig
+from autotune.config.lengths import JobLengths, pass_tokens
 from autotune.memory.model import Architecture, predict_components
 from autotune.models.registry import build_causal_lm, build_critic, resolve_model
 from autotune.probe.rank.measure import state_bytes
@@ -42,10 +43,13 @@ def tiny():
 
 
 @functools.cache
-def traced(config: ProbeConfig, world_size: int = 1, layout: str = "cpu") -> MemoryTrace:
+def traced(
+    config: ProbeConfig, world_size: int = 1, layout: str = "cpu", lengths: JobLengths | None = None
+) -> MemoryTrace:
     """tiny-llama's trace of `config`, made once per test run: several tests read the same one, none
-    changes it (a trace is a pure function of the model and the config)."""
-    return trace_memory(resolve_model("tiny-llama"), None, config, world_size=world_size, layout=layout)
+    changes it (a trace is a pure function of the model, the config and the lengths)."""
+    spec = resolve_model("tiny-llama")
+    return trace_memory(spec, None, config, world_size=world_size, layout=layout, lengths=lengths)
 
 
 def _real_states(spec, config: ProbeConfig) -> dict[str, int]:
@@ -152,7 +156,7 @@ def test_check_trace_prints_both_estimates_per_phase(tmp_path: Path):
     run = [sys.executable, "-m", "autotune", "check", str(config), "--gpus", "2", "--trace"]
     shown = subprocess.run(run, capture_output=True, text=True, timeout=300)
     assert shown.returncode in (0, 1), shown.stderr
-    assert "traced memory (2 rank(s)" in shown.stdout
+    assert "traced memory at the limits (2 rank(s)" in shown.stdout  # no data: the limits, as the verdict
     for term in ("scoring: peak", "backward: peak", "update: peak", "weights"):
         assert term in shown.stdout, term
     assert "Traceback" not in shown.stderr
@@ -192,3 +196,136 @@ def test_check_trace_on_a_file_without_batch_sizes_says_why_in_one_line(tmp_path
         "traced memory: not run: the file lacks the batch sizes the trace needs; the analytic model stands"
     ]
     assert result.to_dict()["trace"]["failed"] == result.traced.failed
+
+
+# --- on the job's lengths (`check --trace` on the data the verdict judged) --------------------------------
+
+SHORT = JobLengths.from_counts([3, 4, 5, 6], [2, 3, 4, 5])  # well under TINY's limits of 16 + 16
+DATA_CONFIG = (  # limits far above gsm8k_like's samples (prompts ~82 tokens, responses ~120)
+    "rollout_batch_size: 4\ntrain_batch_size: 4\nmicro_batch_size: 2\ngradient_accumulation_steps: 1\n"
+    "max_prompt_length: 256\nmax_response_length: 512\nalgorithm: grpo\nrollout_n: 2\n"
+    "actor_model_config:\n  model_name_or_path: tiny-llama\n"
+)
+GSM8K_LIKE = Path(__file__).resolve().parent / "data" / "gsm8k_like.jsonl"
+
+
+def test_a_micro_batch_on_the_data_has_the_datas_samples_within_the_limits():
+    from autotune.probe.rank.trace import _micro_batch
+
+    micro = _micro_batch(TINY, 20, SHORT)  # the data's mean sequence is 4.5 + 3.5 = 8 tokens
+    assert sum(micro.lengths) == 20 and len(micro) == 2
+    assert [len(p) for p in micro.prompts] == [6, 6]  # the data's share: 4.5 / 8 of each sample
+    at_limits = _micro_batch(TINY, 64, JobLengths())
+    assert at_limits.lengths == [32, 32] and [len(p) for p in at_limits.prompts] == [16, 16]
+    long = JobLengths.from_counts([16], [16])  # one sample and a quarter of the mean: two within Lp + Lr
+    assert _micro_batch(TINY, 40, long).lengths == [20, 20]
+
+
+def test_the_trace_packs_each_pass_from_the_jobs_lengths_as_the_analytic_model_prices(tiny):
+    on_data, at_limits = traced(TINY, lengths=SHORT), traced(TINY)
+    assert (on_data.lengths, at_limits.lengths) == ("data", "max")
+    priced = predict_components(Architecture.from_specs(tiny), TINY, 1, "cpu", SHORT).tokens
+    assert on_data.tokens == priced == pass_tokens(TINY, SHORT, 1).to_dict()
+    assert at_limits.tokens == pass_tokens(TINY, JobLengths(), 1).to_dict()
+    for kind, tokens in on_data.tokens.items():  # a trace that ignored the data would pack the limits'
+        assert 0 < tokens < at_limits.tokens[kind], kind
+    for phase in ("scoring", "update"):
+        assert on_data.peak(phase).peak < at_limits.peak(phase).peak, phase
+
+
+def test_the_traced_check_says_which_lengths_it_traced():
+    from autotune.probe.traced import TracedCheck
+
+    used = "prompts from the data (median 4, max 6 tokens), responses from the data (median 3, max 5 tokens)"
+    tokens = {"update": 10, "forward": 12, "critic_update": 0}
+    said = TracedCheck([], [], 1.0, 1, "cpu", lengths="data", lengths_used=used, tokens=tokens, priced=tokens)
+    assert said.lines()[0].startswith(f"traced memory on {used} (1 rank(s)")
+    assert "  · micro batches traced, tokens per GPU: update 10, forward 12" in said.lines()
+    assert said.to_dict()["lengths"] == "data" and said.to_dict()["priced_tokens"] == tokens
+    other = dataclasses.replace(said, priced={**tokens, "forward": 13})
+    assert other.lines()[-1].endswith("forward 12 (the analytic model prices forward 13)")
+    at_limits = TracedCheck([], [], 1.0, 1, "cpu")
+    assert at_limits.lines()[0].startswith("traced memory at the limits (1 rank(s)")
+    assert at_limits.to_dict()["lengths"] == "max"
+
+
+def _traced_on(monkeypatch, tmp_path: Path, text: str = DATA_CONFIG, **options):
+    """check() on a config (DATA_CONFIG) with the trace replaced by a stand-in: the lengths it was asked to
+    trace."""
+    from autotune.check import CheckOptions, check
+    from autotune.probe import traced as traced_module
+    from autotune.probe.traced import TracedCheck
+
+    asked: list[JobLengths] = []
+
+    def stand_in(spec, reward, config, gpus, layout, verl_python=None, lengths=None):
+        asked.append(lengths)
+        return TracedCheck([], [], 0.0, gpus, layout, lengths=lengths.label)
+
+    monkeypatch.setattr(traced_module, "traced_check", stand_in)
+    config = tmp_path / ("trl_config.yaml" if "num_generations" in text else "config.yaml")
+    config.write_text(text)
+    result = check(CheckOptions(path=config, gpu="a100-80g", trace=True, **options))
+    (lengths,) = asked
+    return result, lengths
+
+
+def test_check_traces_on_the_lengths_of_its_verdict(monkeypatch, tmp_path: Path):
+    result, lengths = _traced_on(monkeypatch, tmp_path, data=GSM8K_LIKE)
+    assert result.memory["lengths"] == "data" and lengths.on_data
+    assert lengths.describe(256, 512) == result.memory["lengths_used"]
+    worst = result.memory["at_max_lengths"]["predicted_peak_gib"]
+    assert (
+        f"the worst case at the limits (256+512 tokens a sample) is not traced: the memory model puts "
+        f"it at {worst:g} GiB" in result.traced.notes[0]
+    )
+    # asked for the worst case: the limits, and the note says the verdict is on the data
+    result, lengths = _traced_on(monkeypatch, tmp_path, data=GSM8K_LIKE, trace_lengths="max")
+    assert not lengths.on_data and result.memory["lengths"] == "data"
+    assert "the memory verdict is on the data's lengths" in result.traced.notes[0]
+    result, lengths = _traced_on(monkeypatch, tmp_path)  # no data: the limits, as the verdict
+    assert not lengths.on_data and result.memory["lengths"] == "max"
+    assert (
+        result.traced.notes[0]
+        == "traced at the limits (256+512 tokens a sample), the worst case; as the verdict"
+    )
+
+
+def test_check_traces_a_trl_file_at_the_limits_it_pads_to(monkeypatch, tmp_path: Path):
+    """TRL pads every batch to its longest prompt and the completion limit: its verdict prices the limits,
+    whatever the data, and so does the trace."""
+    trl = "generation_batch_size: 8\nnum_generations: 4\nmax_completion_length: 64\n"
+    result, lengths = _traced_on(monkeypatch, tmp_path, trl, data=GSM8K_LIKE, model="tiny-llama")
+    assert not lengths.on_data and result.memory["tokens"] == {}  # padded rows, not packed tokens
+
+
+def test_trace_lengths_without_trace_or_without_data_is_one_line(cli_here, tmp_path: Path):
+    config = tmp_path / "config.yaml"
+    config.write_text(DATA_CONFIG)
+    for args, said in (
+        (["--trace-lengths", "max"], "add --trace"),
+        (["--trace", "--trace-lengths", "data"], "pass --data FILE or --verl-log FILE"),
+        (["--trace", "--trace-lengths", "min"], "invalid choice"),
+    ):
+        done = cli_here("check", str(config), *args)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
+
+
+@pytest.mark.e2e
+def test_check_trace_on_data_traces_the_datas_micro_batches(tmp_path: Path):
+    config = tmp_path / "config.yaml"
+    config.write_text(DATA_CONFIG)
+    run = [sys.executable, "-m", "autotune", "check", str(config), "--gpu", "a100-80g", "--trace"]
+    shown = subprocess.run(
+        [*run, "--data", str(GSM8K_LIKE), "--json"], capture_output=True, text=True, timeout=300
+    )
+    assert shown.returncode in (0, 1), shown.stderr
+    report = json.loads(shown.stdout)
+    memory, trace = report["memory"], report["trace"]
+    assert trace["failed"] is None and trace["lengths"] == memory["lengths"] == "data"
+    assert trace["lengths_used"] == memory["lengths_used"]
+    priced = {kind: tokens for kind, tokens in memory["tokens"].items() if tokens}  # GRPO: no critic
+    assert trace["tokens"] == priced and trace["priced_tokens"] == memory["tokens"]
+    assert trace["tokens"]["update"] < memory["at_max_lengths"]["tokens"]["update"] == 2 * 768
+    rows = {r["term"]: r for r in trace["rows"]}
+    assert abs(rows["scoring: peak"]["error"]) < 0.10  # the analytic model on the same lengths

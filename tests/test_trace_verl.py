@@ -12,6 +12,7 @@ import torch
 
 from autotune.check import CheckOptions, check
 from autotune.config.knobs import ProbeConfig
+from autotune.config.lengths import JobLengths, pass_tokens
 from autotune.errors import UserError
 from autotune.models.registry import resolve_model
 from autotune.probe.rank.pass_math import AUTOTUNE
@@ -117,3 +118,15 @@ def test_verls_functions_trace_what_autotunes_do_to_one_vocabulary_row():
     assert [p.name for p in verls.phases] == [p.name for p in ours.phases]
     for mine, theirs in zip(ours.phases, verls.phases, strict=True):
         assert 0 <= theirs.peak - mine.peak <= row, mine.name
+
+
+@pytest.mark.e2e
+def test_verls_environment_traces_on_the_jobs_lengths():
+    """The job's lengths travel into verl's environment: its trace packs the data's micro batches too."""
+    if not VERL_PYTHON.exists():
+        pytest.skip(f"verl's environment is missing ({VERL_PYTHON}): ./setup.sh test makes it")
+    lengths = JobLengths.from_counts([2, 3, 4], [1, 2, 3])  # under GRPO's limits of 8 + 8
+    verls = run_trace(resolve_model("tiny-llama"), None, GRPO, 1, "cuda", str(VERL_PYTHON), lengths)
+    priced = {kind: tokens for kind, tokens in pass_tokens(GRPO, lengths, 1).to_dict().items() if tokens}
+    assert verls.lengths == "data" and verls.tokens == priced
+    assert verls.tokens["update"] < 2 * GRPO.sequence_length  # the limits' micro batch of 2

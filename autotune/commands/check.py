@@ -25,6 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "autotune check verl_overrides.txt --gpus 8 --gpu h100-80g --data data/train.jsonl",
             "autotune check trl_config.yaml --gpu a100-40g --data data/train.jsonl",
             "autotune check config.yaml --gpus 2 --trace",
+            "autotune check config.yaml --gpus 8 --data data/train.jsonl --trace --trace-lengths max",
             "autotune check config.yaml --gpus 2 --trace --verl-python /opt/verl/bin/python",
         ],
     )
@@ -51,7 +52,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--trace",
         action="store_true",
         help="also trace the training passes of the real model under FakeTensorMode (no GPU, no weights; "
-        "20-90 s for a 7B model) and print them beside the memory model's terms",
+        "20-90 s for a 7B model) and print them beside the memory model's terms, on the verdict's lengths",
+    )
+    parser.add_argument(
+        "--trace-lengths",
+        choices=("data", "max"),
+        help="with --trace: the lengths its micro batches are packed from: data (the job's, from --data or "
+        "--verl-log) or max (the limits, the worst case); default: the memory verdict's",
     )
     parser.add_argument(
         "--verl-python",

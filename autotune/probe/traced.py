@@ -1,6 +1,7 @@
 """The traced memory estimate, tuner side: run the trace in its own process, set it beside the analytic model.
 
     said = traced_check(spec, None, config, world_size=2, layout="cuda")   # `autotune check --trace`
+    said = traced_check(spec, None, config, 2, "cuda", lengths=job_lengths)   # on the data's lengths
     print("\n".join(said.lines()))
     rows = compare(trace, predict_components(arch, config, world_size, "cuda"))
 
@@ -8,6 +9,8 @@ The trace itself (`autotune.probe.rank.trace`) runs the probe rank's code, so it
 process of its own (`python -m autotune.probe.rank.trace JOB`), which also keeps its fake process group and
 fake tensors out of this one. With `verl_python` that process is verl's environment's python and the passes'
 per-token math is verl's own (`autotune.probe.rank.verl_math`); the trace names the functions it ran.
+Both sides price the same micro batches: the trace packs each pass's from the job's lengths (the data's,
+or the limits) as `autotune.config.lengths.pass_tokens` sizes it, and the analytic model prices those tokens.
 Both sides are per-rank tensor bytes, with no runtime constant and no allocator factor: the analytic side
 is `predict_components` (the model's raw terms). A row's `error` is (analytic − traced) / traced: positive
 when the analytic model says more.
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.config.lengths import JobLengths, PassTokens
 from autotune.memory.model import MemoryBreakdown
 from autotune.probe.launcher import runner_path
 from autotune.units import GIB
@@ -88,6 +92,10 @@ class MemoryTrace:
     seconds: float
     notes: list[str] = field(default_factory=list)
     functions: dict[str, str] = field(default_factory=dict)  # the per-token math traced: entry -> function
+    lengths: str = "max"  # what the micro batches were packed from: "data" (the job's lengths) or "max"
+    tokens: dict[str, int] = field(
+        default_factory=dict
+    )  # each pass's micro batch as made (PassTokens' names)
 
     def peak(self, analytic_phase: str) -> PhasePeak | None:
         """The largest traced pass of one of the analytic model's phases ("scoring", "update")."""
@@ -106,7 +114,8 @@ class MemoryTrace:
         phases = [PhasePeak(**p) for p in data["phases"]]
         functions = data.get("functions", {})  # traces collected before it was recorded ran autotune's
         found = (data["world_size"], data["layout"], data["states"], phases, data["seconds"], data["notes"])
-        return cls(*found, functions)
+        # traces collected before the lengths were recorded were all at the limits
+        return cls(*found, functions, data.get("lengths", "max"), data.get("tokens", {}))
 
 
 DISAGREES = 0.10  # a term whose two estimates differ by more than this is worth a look...
@@ -212,7 +221,10 @@ def format_rows(rows: list[TraceRow]) -> list[str]:
 
 @dataclass(frozen=True)
 class TracedCheck:
-    """What `autotune check --trace` shows: the rows, the trace's notes and how long it took; or why not."""
+    """What `autotune check --trace` shows: the rows, the trace's notes and how long it took; or why not.
+    `lengths` says what the micro batches were packed from ("data": the job's lengths, `lengths_used`; "max":
+    the limits), as the memory verdict says it; `tokens` are each pass's micro batch as traced, `priced` as
+    the analytic model prices it on the same lengths."""
 
     rows: list[TraceRow]
     notes: list[str]
@@ -221,22 +233,36 @@ class TracedCheck:
     layout: str
     failed: str | None = None
     functions: dict[str, str] = field(default_factory=dict)  # the per-token math the trace ran
+    lengths: str = "max"
+    lengths_used: str = ""
+    tokens: dict[str, int] = field(default_factory=dict)
+    priced: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def not_run(cls, why: str, world_size: int, layout: str = "cuda") -> TracedCheck:
-        return cls([], [], 0.0, world_size, layout, failed=why)
+    def not_run(cls, why: str, world_size: int, layout: str = "cuda", lengths: str = "max") -> TracedCheck:
+        return cls([], [], 0.0, world_size, layout, failed=why, lengths=lengths)
 
     def lines(self) -> list[str]:
         if self.failed:
             return [f"traced memory: not run: {self.failed}; the analytic model stands"]
         layout = "a GPU run's layout, bf16 mixed" if self.layout == "cuda" else "the CPU probe's layout, fp32"
+        on = f"on {self.lengths_used}" if self.lengths == "data" else "at the limits"
         head = (
-            f"traced memory ({self.world_size} rank(s), {layout}, FakeTensorMode, "
-            f"{self.seconds:.0f} s); analytic = the memory model's terms, without its runtime constant and "
-            f"allocator factor:"
+            f"traced memory {on} ({self.world_size} rank(s), {layout}, FakeTensorMode, "
+            f"{self.seconds:.0f} s); analytic = the memory model's terms on the same lengths, without its "
+            f"runtime constant and allocator factor:"
         )
         rows = [f"  {line}" for line in format_rows(self.rows)]
-        return [head, *rows, *(f"  · {n}" for n in [*self.notes, *self._functions_line()])]
+        said = [*self._tokens_line(), *self.notes, *self._functions_line()]
+        return [head, *rows, *(f"  · {n}" for n in said)]
+
+    def _tokens_line(self) -> list[str]:
+        """The micro batches traced, and the analytic model's where it prices other tokens."""
+        if not self.tokens:
+            return []
+        line = "micro batches traced, tokens per GPU: " + _passes_tokens(self.tokens)
+        differ = {k: v for k, v in self.priced.items() if v and self.tokens.get(k) != v}
+        return [line + (f" (the analytic model prices {_passes_tokens(differ)})" if differ else "")]
 
     def _functions_line(self) -> list[str]:
         if not self.functions:
@@ -252,7 +278,19 @@ class TracedCheck:
             "layout": self.layout,
             "failed": self.failed,
             "functions": self.functions,
+            "lengths": self.lengths,
+            "lengths_used": self.lengths_used,
+            "tokens": self.tokens,
+            "priced_tokens": self.priced,
         }
+
+
+def _passes_tokens(tokens: dict[str, int]) -> str:
+    """'update 9,415, forward 9,415' (PassTokens' names in its order, underscores as spaces), passes that run
+    only."""
+    order = [f.name for f in dataclasses.fields(PassTokens)]
+    ranked = sorted(tokens.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+    return ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in ranked if v)
 
 
 def _model_ref(spec: ModelSpec) -> str:
@@ -266,10 +304,11 @@ def run_trace(
     world_size: int,
     layout: str,
     verl_python: str | None = None,
+    lengths: JobLengths | None = None,
 ) -> MemoryTrace:
-    """The trace, in a process of its own; TraceUnavailable (one line) when it cannot run. With
-    `verl_python` it runs in verl's environment with verl's per-token functions (`verl_trace_python` has
-    checked that environment)."""
+    """The trace, in a process of its own, its micro batches packed from `lengths` (None: the limits);
+    TraceUnavailable (one line) when it cannot run. With `verl_python` it runs in verl's environment with
+    verl's per-token functions (`verl_trace_python` has checked that environment)."""
     job = {
         "model": _model_ref(actor_spec),
         "reward": _model_ref(reward_spec) if reward_spec else None,
@@ -278,6 +317,7 @@ def run_trace(
         "world_size": world_size,
         "layout": layout,
         "pass_math": "verl" if verl_python else "autotune",
+        "lengths": lengths.to_dict() if lengths is not None else None,
     }
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MASTER_ADDR": "", "RANK": "", "WORLD_SIZE": ""}
     with _package_path(env, verl_python is not None):
@@ -346,15 +386,30 @@ def traced_check(
     world_size: int,
     layout: str,
     verl_python: str | None = None,
+    lengths: JobLengths | None = None,
 ) -> TracedCheck:
-    """Trace `config` and set it beside the analytic terms; a trace that cannot run says why in one line.
-    With `verl_python` (checked by `verl_trace_python`) the passes run verl's per-token functions."""
+    """Trace `config` and set it beside the analytic terms, both on the job's `lengths` (None: the limits):
+    the trace packs each pass's micro batch from them as the analytic model prices it. A trace that cannot
+    run says why in one line. With `verl_python` (checked by `verl_trace_python`) the passes run verl's
+    per-token functions."""
     from autotune.memory.model import Architecture, predict_components
 
+    lengths = lengths or JobLengths()
     try:
-        trace = run_trace(actor_spec, reward_spec, config, world_size, layout, verl_python)
+        trace = run_trace(actor_spec, reward_spec, config, world_size, layout, verl_python, lengths)
     except TraceUnavailable as error:
-        return TracedCheck.not_run(str(error), world_size, layout)
+        return TracedCheck.not_run(str(error), world_size, layout, lengths.label)
     arch = Architecture.from_specs(actor_spec, reward_spec)
-    rows = compare(trace, predict_components(arch, config, world_size, layout))
-    return TracedCheck(rows, trace.notes, trace.seconds, world_size, layout, functions=trace.functions)
+    analytic = predict_components(arch, config, world_size, layout, lengths)
+    return TracedCheck(
+        compare(trace, analytic),
+        trace.notes,
+        trace.seconds,
+        world_size,
+        layout,
+        functions=trace.functions,
+        lengths=trace.lengths,
+        lengths_used=lengths.describe(config.max_prompt_length, config.max_response_length),
+        tokens=trace.tokens,
+        priced=analytic.tokens,
+    )

@@ -121,26 +121,30 @@ def _resident(models: Any, buffer: list[torch.Tensor], layout: str, sharded: boo
 
 def _micro_batch(config: ProbeConfig, tokens: int, lengths: Any) -> Any:
     """A packed micro batch of `tokens` tokens (autotune.probe.rank.packing.Rollout): as many samples as the
-    job's mean sequence puts in it, their tokens split between prompt and response as the limits' shares.
-    What a pass holds grows with its tokens, not with how they are split into sequences (flash-attn's varlen
-    kernels, and the logits of every packed token)."""
+    job's mean sequence puts in it (the data's, or the limits' at the limits), none longer than the limits
+    allow, their tokens split between prompt and response as the job's means split them. What a pass holds
+    grows with its tokens, not with how they are split into sequences (flash-attn's varlen kernels, and the
+    logits of every packed token); the samples' count sizes the per-sample tensors beside them."""
     from autotune.probe.rank.packing import Rollout
 
-    prompts = lengths.prompt_lengths(config.max_prompt_length)
-    responses = lengths.response_lengths(config.max_response_length)
-    mean = float(prompts.mean() + responses.mean())
-    samples = max(1, min(round(tokens / mean), tokens // 2))
+    prompt = float(lengths.prompt_lengths(config.max_prompt_length).mean())
+    response = float(lengths.response_lengths(config.max_response_length).mean())
+    samples = max(1, min(round(tokens / (prompt + response)), tokens // 2))
+    samples = max(samples, -(-tokens // config.sequence_length))  # no sample over Lp + Lr
     sizes = [tokens // samples + (1 if i < tokens % samples else 0) for i in range(samples)]
-    share = config.max_prompt_length / config.sequence_length
-    prompt_sizes = [min(config.max_prompt_length, max(1, round(size * share))) for size in sizes]
-    response_sizes = [
-        min(config.max_response_length, size - p) for size, p in zip(sizes, prompt_sizes, strict=True)
-    ]
+    prompt_sizes = [_prompt_share(config, size, prompt / (prompt + response)) for size in sizes]
     return Rollout(
         [torch.zeros(p, dtype=torch.long) for p in prompt_sizes],
-        [torch.zeros(max(1, r), dtype=torch.long) for r in response_sizes],
+        [torch.zeros(max(1, s - p), dtype=torch.long) for s, p in zip(sizes, prompt_sizes, strict=True)],
         config.max_response_length,
     )
+
+
+def _prompt_share(config: ProbeConfig, size: int, share: float) -> int:
+    """A sample's prompt tokens: its share of `size`, within the prompt limit, leaving the response at most
+    its limit and at least one token."""
+    prompt = min(config.max_prompt_length, max(1, round(size * share)))
+    return max(1, min(max(prompt, size - config.max_response_length), size - 1))
 
 
 def _batch_of(config: ProbeConfig, micro: Any) -> dict[str, Any]:
@@ -373,15 +377,30 @@ def _gradients_kept(optimizer: torch.optim.Optimizer, accumulating: bool) -> Ite
         yield
 
 
-def _passes(models: Any, ctx: Any, config: ProbeConfig, world_size: int, lengths: Any):
+def _passes(
+    models: Any,
+    ctx: Any,
+    config: ProbeConfig,
+    world_size: int,
+    lengths: Any,
+    built: dict[str, int] | None = None,
+):
     """(name, model, optimizer, run) of each training pass the probe makes, in its order, each on its largest
-    micro batch (autotune.config.lengths.pass_tokens): verl's packed passes."""
+    micro batch (autotune.config.lengths.pass_tokens): verl's packed passes. `built`, when given, gets the
+    tokens of each micro batch made (PassTokens' names), priced alike by the analytic model."""
     from autotune.config.lengths import micro_batch_tokens, pass_tokens
     from autotune.probe.rank import ppo
 
     tokens = pass_tokens(config, lengths, world_size)
     actor = ppo.unwrap(models.actor)
-    forward = _batch_of(config, _micro_batch(config, tokens.forward, lengths))
+
+    def batch(kind: str, micro_tokens: int) -> dict[str, Any]:
+        made = _batch_of(config, _micro_batch(config, micro_tokens, lengths))
+        if built is not None:
+            built[kind] = sum(made["layout"].rollout.lengths)
+        return made
+
+    forward = batch("forward", tokens.forward)
     everyone = list(range(len(forward["layout"].rollout)))
 
     def log_probs(model: torch.nn.Module, entropy: bool) -> Callable[[], Any]:
@@ -393,17 +412,17 @@ def _passes(models: Any, ctx: Any, config: ProbeConfig, world_size: int, lengths
             return log_probs(actor, False)()
 
     def trained(
-        model: torch.nn.Module, optimizer: Any, loss: Callable, micro_tokens: int
+        model: torch.nn.Module, optimizer: Any, loss: Callable, kind: str, micro_tokens: int
     ) -> Callable[[], Any]:
-        batch = _batch_of(config, _micro_batch(config, micro_tokens, lengths))
-        step = dataclasses.replace(ctx, config=_one_step(config, len(batch["layout"].rollout), world_size))
+        micro = batch(kind, micro_tokens)
+        step = dataclasses.replace(ctx, config=_one_step(config, len(micro["layout"].rollout), world_size))
         generator = torch.Generator().manual_seed(0)
         mini = config.micro_batch_size * config.gradient_accumulation_steps
         accumulating = micro_tokens < micro_batch_tokens(config, lengths, mini)  # more micro batches follow
 
         def run() -> None:
             with _gradients_kept(optimizer, accumulating), torch.enable_grad():
-                ppo._train(model, optimizer, loss, step, batch, generator)
+                ppo._train(model, optimizer, loss, step, micro, generator)
 
         return run
 
@@ -414,7 +433,7 @@ def _passes(models: Any, ctx: Any, config: ProbeConfig, world_size: int, lengths
         yield "reference", models.ref, None, lambda: torch.no_grad()(log_probs(models.ref, False))()
     if models.critic is not None:
         critic = ppo.unwrap(models.critic)
-        critic_forward = _batch_of(config, _micro_batch(config, tokens.critic_forward, lengths))
+        critic_forward = batch("critic_forward", tokens.critic_forward)
         values = lambda: critic_forward["layout"].values(  # noqa: E731
             critic, ctx, list(range(len(critic_forward["layout"].rollout)))
         )
@@ -431,10 +450,12 @@ def _passes(models: Any, ctx: Any, config: ProbeConfig, world_size: int, lengths
         yield "reward", models.reward, None, lambda: ppo.reward_scores(models, scored, share)
     if models.critic is not None:
         critic_loss = lambda cx, b, i: ppo._critic_loss(models, cx, b, i)  # noqa: E731
-        update = trained(models.critic, models.critic_optimizer, critic_loss, tokens.critic_update)
+        update = trained(
+            models.critic, models.critic_optimizer, critic_loss, "critic_update", tokens.critic_update
+        )
         yield "critic update", models.critic, models.critic_optimizer, update
     actor_loss = lambda cx, b, i: ppo._actor_loss(models, cx, b, i)  # noqa: E731
-    update = trained(models.actor, models.actor_optimizer, actor_loss, tokens.update)
+    update = trained(models.actor, models.actor_optimizer, actor_loss, "update", tokens.update)
     yield "actor update", models.actor, models.actor_optimizer, update
 
 
@@ -451,7 +472,8 @@ def trace_memory(
     math: PassMath = AUTOTUNE,
 ) -> MemoryTrace:
     """Trace the probe's scoring and update passes of `config` on one rank of `world_size`, their per-token
-    math done by `math`'s functions (autotune's by default; verl's in verl's environment).
+    math done by `math`'s functions (autotune's by default; verl's in verl's environment), each pass's micro
+    batch packed from the job's `lengths` as the memory model prices it (None: every sample at the limits).
 
     Raises TraceUnavailable (one line) for what the tracer does not handle: offload, an architecture whose
     code reads tensor values, a process group already running here."""
@@ -466,6 +488,7 @@ def trace_memory(
     lengths = lengths or JobLengths()
     started = time.perf_counter()
     notes = [NOT_TRACED, *math.notes]
+    built: dict[str, int] = {}  # the tokens of each pass's micro batch, as made
     with fake_world(world_size), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch and transformers warn about fake tensors' data pointers
         if config.sharded:
@@ -488,7 +511,8 @@ def trace_memory(
                 resident = _resident(models, _rollout_buffer(config, world_size), layout, config.sharded)
                 compute = torch.bfloat16 if layout == "cuda" else None
                 ctx = ppo.StepContext(config, HOST, world_size, 0, compute, lengths=lengths, math=math)
-                phases = _traced_passes(_passes(models, ctx, config, world_size, lengths), resident)
+                passes = _passes(models, ctx, config, world_size, lengths, built)
+                phases = _traced_passes(passes, resident)
             except TraceUnavailable:
                 raise
             except Exception as error:  # an architecture or op the fake mode cannot run
@@ -507,7 +531,8 @@ def trace_memory(
     if layout == "cuda" and config.sharded and config.use_kl and not config.use_lora:
         notes.append(HOST_REFERENCE_NOTE)
     seconds = time.perf_counter() - started
-    return MemoryTrace(world_size, layout, states, phases, seconds, notes, dict(math.functions))
+    functions = dict(math.functions)
+    return MemoryTrace(world_size, layout, states, phases, seconds, notes, functions, lengths.label, built)
 
 
 def _pass_math(whose: str) -> PassMath:
@@ -520,7 +545,8 @@ def _pass_math(whose: str) -> PassMath:
 
 def main(argv: list[str] | None = None) -> int:
     """runners/memory_trace.py JOB: JOB is JSON {"model", "reward", "trust_remote_code", "config",
-    "world_size", "layout", "pass_math"}; prints the trace as JSON, or {"failed": why} when it cannot run.
+    "world_size", "layout", "pass_math", "lengths"}; prints the trace as JSON, or {"failed": why} when it
+    cannot run. "lengths" (JobLengths' dict; null: the limits) are what the micro batches are packed from;
     "pass_math": "verl" runs verl's functions (this process must be verl's python), else autotune's."""
     import json
     import sys
