@@ -233,3 +233,49 @@ def test_a_contender_left_with_its_first_probe_is_not_set_against_means():
     assert pick.remeasure(tuner.study, rivals, probe, None, seconds=0.0) == 2  # the third's turn ran out
     chosen = pick.choose(tuner.study, budget)
     assert config_key(trial_config_of(chosen)) == config_key(leader)  # mean 9.5, not the third's single 9.8
+
+
+def _two_reprobed(speeds: dict[str, list[float]]):
+    """A study of two contenders, each probed as `speeds` says (first probe, then its re-probes)."""
+    budget = budget_fitting(1.0)
+    tuner = study_with(optuna.samplers.RandomSampler(seed=1), budget, seeds=False)
+    grid = SPACE.grid()
+    faster, keeper = grid[-1], grid[-2]
+    runs = {config_key(faster): iter(speeds["faster"]), config_key(keeper): iter(speeds["keeper"])}
+
+    def probe(config, settings=None, cancel=None):
+        speed = next(runs[config_key(config)])
+        return dataclasses.replace(synthetic_probe(config), samples_per_sec=speed, wall_seconds=2.0)
+
+    for config in (faster, keeper):
+        tuner.study.enqueue_trial(_params(config))
+    tuner.probe = probe
+    tuner.step()
+    tuner.step()
+    rivals = pick.contenders(tuner.study, budget)
+    pick.remeasure(tuner.study, rivals, probe, None, seconds=100.0)
+    knob = next(
+        k for k in ("gradient_checkpointing", "micro_batch_size") if getattr(faster, k) != getattr(keeper, k)
+    )
+    defaults = {knob: getattr(keeper, knob)}  # the trainer's default is the keeper's value
+    return tuner.study, budget, defaults, faster, keeper
+
+
+def test_within_the_noise_the_trainers_default_is_kept():
+    """The faster mean is 6.4% ahead and leaves a trainer default, but the keeper's own probes spread 12%:
+    the probes cannot tell them apart, so the default stays."""
+    study, budget, defaults, faster, keeper = _two_reprobed(
+        {"faster": [5.9, 5.5, 5.45], "keeper": [5.6, 4.99, 5.25]}
+    )
+    chosen = pick.choose(study, budget, defaults)
+    assert config_key(trial_config_of(chosen)) == config_key(keeper)
+    assert pick.departures(trial_config_of(chosen), defaults) == 0
+    assert config_key(trial_config_of(pick.choose(study, budget))) == config_key(faster)  # no defaults given
+
+
+def test_beyond_the_noise_the_faster_leaves_the_default():
+    study, budget, defaults, faster, _ = _two_reprobed(
+        {"faster": [6.05, 6.1, 6.1], "keeper": [5.7, 5.65, 5.68]}  # 7% apart, each within 1%
+    )
+    chosen = pick.choose(study, budget, defaults)
+    assert config_key(trial_config_of(chosen)) == config_key(faster)

@@ -459,18 +459,27 @@ def near_misses(
                 f"fragmentation could take it over"
             )
         elif str(trial.number) in remeasured:
-            mean = pick.figures(study, trial)
-            probes = f"{mean.count} probe{'s' if mean.count > 1 else ''}"
-            why = (
-                f"re-measured: mean {mean.mean:.3f} samples/s over {probes}, below the recommended one's"
-                if mean.count > 1
-                else "not re-probed in the time allowed: its one probe, the draw that made it a contender, "
-                "is not set against means"
-            )
+            why = _remeasured_why(pick.figures(study, trial), pick.figures(study, chosen).mean)
         else:
             why = "its confirmation probe failed (autotune report --confirm)"
         found.append(NearMiss(trial, why))
     return sorted(found, key=lambda miss: -miss.trial.values[0])[:count]
+
+
+def _remeasured_why(found: pick.Figures, chosen_mean: float) -> str:
+    """Why a re-measured contender was not recommended."""
+    probes = f"{found.count} probe{'s' if found.count > 1 else ''}"
+    if found.count == 1:
+        return (
+            "not re-probed in the time allowed: its one probe, the draw that made it a contender, is not "
+            "set against means"
+        )
+    if found.mean > chosen_mean:
+        return (
+            f"re-measured: mean {found.mean:.3f} samples/s over {probes}, within the probes' noise of the "
+            f"recommended one's, which keeps more of the trainer's defaults"
+        )
+    return f"re-measured: mean {found.mean:.3f} samples/s over {probes}, below the recommended one's"
 
 
 def study_cost(trials: list[FrozenTrial]) -> dict[str, Any]:

@@ -9,7 +9,10 @@ included) are probed again, one after the other and round after round (so a slow
 falls on all of them), while the re-probes cost at most `TIME_SHARE` of the time the study's probes took —
 but the leader and its closest rival are re-probed once in any case, since a comparison needs both.
 Each measurement is kept in the study (`StudyAttr.REMEASURED`, by trial number); `choose` then takes the
-contender with the best mean samples/sec whose every peak stayed within the budget less the headroom.
+re-probed contender with the best mean samples/sec whose every peak stayed within the budget less the
+headroom (a contender left with its first probe is not compared: that probe is the lucky draw that made it a
+contender); but where another contender within the noise of it keeps more of the trainer's own defaults
+(autotune.formats.defaults), that one: a value off the trainer's default needs a measured reason.
 `autotune report --confirm` remains the longer check of the one winner.
 """
 
@@ -17,17 +20,18 @@ from __future__ import annotations
 
 import statistics
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
 
+from autotune.config.knobs import ProbeConfig
 from autotune.memory.budget import Budget
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.status import Attr, Status, StudyAttr
-from autotune.study.trials import finished_trials, measured_ok, trial_config
+from autotune.study.trials import finished_trials, measured_ok, trial_config, trial_config_of
 
 __all__ = [
     "MAX_CONTENDERS",
@@ -37,6 +41,7 @@ __all__ = [
     "Figures",
     "choose",
     "contenders",
+    "departures",
     "figures",
     "remeasure",
     "reprobe_record",
@@ -152,23 +157,35 @@ def reprobe_speed(record: dict[str, Any]) -> float:
     return record["samples_per_sec"] if record["status"] == Status.OK else 0.0
 
 
-def choose(study: optuna.Study, budget: Budget) -> FrozenTrial | None:
-    """The re-probed contender with the best mean whose every peak stayed within the limit; None when no
-    trial was a contender.
+def choose(
+    study: optuna.Study, budget: Budget, defaults: Mapping[str, Any] | None = None
+) -> FrozenTrial | None:
+    """The re-probed contender with the best mean whose every peak stayed within the limit, unless one that
+    keeps more of the trainer's `defaults` is within the noise of it; None when no trial was a contender.
 
     A contender's first probe is the draw that made it a contender: the best of several noisy draws sits
     high, so a contender left with that one figure (the re-probes ran out of time) is not set against
     means that hold a fresh draw. Only when no contender was re-probed (a stop before any) do first
-    figures decide."""
+    figures decide. The noise is NOISE or, when larger, the spread these contenders' own probes showed."""
     remeasured = study.user_attrs.get(StudyAttr.REMEASURED, {})
     if not remeasured:
         return None
     trials = {str(t.number): t for t in finished_trials(study)}
     found = {number: figures(study, trials[number]) for number in remeasured if number in trials}
     fit = {number: f for number, f in found.items() if max(f.peaks) <= budget.limit and min(f.speeds) > 0}
-    reprobed = {number: f for number, f in fit.items() if f.count > 1}
-    pool = reprobed or fit
+    pool = {number: f for number, f in fit.items() if f.count > 1} or fit
     if not pool:
         return None
-    best = max(pool, key=lambda number: (pool[number].mean, -int(number)))
-    return trials[best]
+    fastest = max(f.mean for f in pool.values())
+    noise = max(NOISE, *(f.spread for f in pool.values()))
+    close = [number for number, f in pool.items() if f.mean >= fastest * (1 - noise)]
+
+    def rank(number: str) -> tuple[int, float, int]:
+        return departures(trial_config_of(trials[number]), defaults or {}), -pool[number].mean, int(number)
+
+    return trials[min(close, key=rank)]
+
+
+def departures(config: ProbeConfig, defaults: Mapping[str, Any]) -> int:
+    """How many of the trainer's defaults the configuration leaves."""
+    return sum(getattr(config, knob) != value for knob, value in defaults.items())

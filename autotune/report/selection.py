@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Set
 from dataclasses import dataclass, field
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.formats.defaults import trainer_defaults
 from autotune.memory.budget import Budget
 from autotune.report import pick
 from autotune.status import Attr, Status
+from autotune.study.plan import StudyPlan
 from autotune.study.trials import trial_status
 
 __all__ = ["Selection", "best_feasible", "closest_trials", "ok_front", "pareto_best", "recommended", "select"]
@@ -64,10 +67,16 @@ def recommended(
 ) -> FrozenTrial | None:
     """The re-measured contender with the best mean, unless a confirmation rejected it; else the
     Pareto-best."""
-    settled = pick.choose(study, budget)
+    settled = pick.choose(study, budget, _trainer_defaults(study))
     if settled is not None and settled.number not in exclude:
         return settled
     return pareto_best(front, budget, exclude)
+
+
+def _trainer_defaults(study: optuna.Study) -> dict[str, Any]:
+    """The defaults of the trainer the study exports for (verl for a study `run` did not start)."""
+    plan = StudyPlan.load(study)
+    return trainer_defaults(plan.target if plan else "verl")
 
 
 def select(study: optuna.Study, budget: Budget, exclude: Iterable[int] = ()) -> Selection:
