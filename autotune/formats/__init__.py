@@ -3,6 +3,7 @@ scripts (read by Hydra's own parser, against verl 0.9.1's schema) and TRL's trl_
 own parser, or by the same rules over its shipped schema)."""
 
 __all__ = [
+    "defaults",
     "hydra_read",
     "launch_script",
     "read",
