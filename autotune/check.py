@@ -324,10 +324,16 @@ def check(options: CheckOptions) -> CheckResult:
         if target.overrides is None and target.kind != TRL_KIND:  # neither verl nor TRL has a rollout batch
             findings += rollout_findings(config, gpus, target.measured)
         findings += reward_findings(target)
-        model_findings, memory, traced = _model_checks(options, target, config, gpus, card)
-        if options.data is not None and not target.prompt_known:  # the data says it now (`_trl_prompts`)
-            findings = [f for f in findings if not (f.check == "lengths" and f.key == "max_prompt_length")]
-        findings += model_findings
+        unpriced = _unpriced(findings)
+        if unpriced:  # a size the memory model would price is not a size: no verdict on it
+            findings.append(Finding("memory", unpriced, severity="note"))
+        else:
+            model_findings, memory, traced = _model_checks(options, target, config, gpus, card)
+            if options.data is not None and not target.prompt_known:  # the data says it now (`_trl_prompts`)
+                findings = [
+                    f for f in findings if not (f.check == "lengths" and f.key == "max_prompt_length")
+                ]
+            findings += model_findings
     else:
         findings.append(
             Finding(
@@ -338,6 +344,18 @@ def check(options: CheckOptions) -> CheckResult:
             traced = TracedCheck.not_run("the file lacks the batch sizes the trace needs", gpus)
     label = card.label if card else None
     return CheckResult(str(options.path), target, gpus, label, findings, memory, traced)
+
+
+def _unpriced(findings: list[Finding]) -> str:
+    """'' when every size the memory model reads (a batch, a length, a budget) is valid; else why no memory
+    verdict is given: a length of -5 tokens would be priced as if it were one."""
+    sizes = {f.name for f in dataclasses.fields(ProbeConfig) if f.type in ("int", "int | None")}
+    wrong = sorted(
+        {f.key for f in findings if f.check == "values" and f.severity == "problem" and f.key in sizes}
+    )
+    if not wrong:
+        return ""
+    return f"memory not checked: {', '.join(wrong)} above must be fixed first"
 
 
 def _check_verl_python(options: CheckOptions) -> None:

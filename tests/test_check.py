@@ -104,6 +104,18 @@ def test_scenario_1_without_checkpointing_does_not_fit(tmp_path):
     assert "gradient_accumulation_steps does not lower the peak" in fix
 
 
+@pytest.mark.parametrize("length", [-5, -(2**63) - 1])
+def test_a_length_that_is_not_a_size_gets_no_memory_verdict(tmp_path, length):
+    """A length below 1 is a finding, and no peak is priced on it: -2^63-1 tokens once overflowed numpy in the
+    memory model (a traceback, found by test_input_surface's random configs), and -5 gave a peak."""
+    text = SCENARIO_3.read_text().replace("max_prompt_length: 96", f"max_prompt_length: {length}")
+    assert str(length) in text
+    exit_code, report = _check(_write(tmp_path, text), gpu="rtx3090", cores=8)
+    assert exit_code == 1 and _checks(report) == ["values"]
+    assert report["memory"] is None
+    assert "memory not checked: max_prompt_length above must be fixed first" in json.dumps(report)
+
+
 def test_scenario_2_does_not_fit_four_a100_40g_as_computed_by_hand():
     """13B full fine-tuning (PPO: actor + critic + reference; the config names no reward model), FSDP
     FULL_SHARD over 4× A100 40G, no offload, gradient checkpointing on (verl's default: the config is silent),

@@ -155,6 +155,7 @@ CONFIG = yaml.safe_load((Path(__file__).parent / "data" / "seed_scenario_3.yaml"
 @given(
     key=st.sampled_from([*CONFIG, "actor_model_config.lora_r", "kl_coef", "unknown_key"]), value=YAML_VALUES
 )
+@example(key="max_prompt_length", value=-(2**63) - 1)  # once a traceback: numpy's int64 overflowed
 def test_a_config_file_is_checked_or_refused_in_one_line(tmp_path_factory, key, value):
     data = copy.deepcopy(CONFIG)
     section, _, name = key.rpartition(".")
