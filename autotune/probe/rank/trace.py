@@ -297,6 +297,19 @@ def _parts(resident: dict[str, int], start: dict[str, int], snapshot: dict) -> d
     return parts
 
 
+@contextlib.contextmanager
+def _heap_frozen() -> Iterator[None]:
+    """Each pass's gc.collect then scans only what the trace makes: what the process held before (torch's
+    and transformers' modules, most of the heap) is frozen, and holds none of the trace's tensors. A full
+    scan cost 0.2 s per pass on tiny-llama."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def _traced_pass(
     name: str,
     model: torch.nn.Module,
@@ -489,7 +502,7 @@ def trace_memory(
     started = time.perf_counter()
     notes = [NOT_TRACED, *math.notes]
     built: dict[str, int] = {}  # the tokens of each pass's micro batch, as made
-    with fake_world(world_size), warnings.catch_warnings():
+    with fake_world(world_size), warnings.catch_warnings(), _heap_frozen():
         warnings.simplefilter("ignore")  # torch and transformers warn about fake tensors' data pointers
         if config.sharded:
             device_mesh(HOST.type, world_size)  # a mesh reads real rank tensors: made before the fake mode
