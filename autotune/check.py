@@ -391,10 +391,10 @@ def _check_trace_lengths(options: CheckOptions) -> None:
         )
 
 
-def _verdict_lengths(memory: dict[str, Any], passes: str) -> str:
-    """The lengths the memory verdict priced its micro batches on: `memory.lengths` for verl's packed passes;
-    TRL pads every batch to the limits, so its verdict is on them whatever the data."""
-    return memory.get("lengths", "max") if passes == "verl" else "max"
+def _verdict_lengths(memory: dict[str, Any]) -> str:
+    """The lengths the memory verdict priced its micro batches on (a TRL file's are the limits: TRL pads every
+    batch to them)."""
+    return str(memory.get("lengths", "max"))
 
 
 def _trace_lengths(options: CheckOptions, verdict: str, lengths: JobLengths) -> JobLengths:
@@ -471,7 +471,7 @@ def _model_checks(
         from autotune.probe.traced import traced_check
 
         layout = memory.get("device", "cuda")
-        verdict = _verdict_lengths(memory, passes)
+        verdict = _verdict_lengths(memory)
         on = _trace_lengths(options, verdict, lengths)
         traced = traced_check(spec, reward_spec, config, gpus, layout, options.verl_python, on)
         if not traced.failed:

@@ -297,6 +297,7 @@ def test_check_traces_a_trl_file_at_the_limits_it_pads_to(monkeypatch, tmp_path:
     trl = "generation_batch_size: 8\nnum_generations: 4\nmax_completion_length: 64\n"
     result, lengths = _traced_on(monkeypatch, tmp_path, trl, data=GSM8K_LIKE, model="tiny-llama")
     assert not lengths.on_data and result.memory["tokens"] == {}  # padded rows, not packed tokens
+    assert result.memory["lengths"] == "max"  # as its verdict says, whatever the data
 
 
 def test_trace_lengths_without_trace_or_without_data_is_one_line(cli_here, tmp_path: Path):

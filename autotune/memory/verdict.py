@@ -72,6 +72,8 @@ def memory_findings(
     if measured is not None and card is None and gpus == measured.gpus:
         return _measured_verdict(arch, target, config, measured, report, passes)
     device = target.device or "cuda"
+    if passes in TRL_PASSES:  # TRL pads every batch to its longest sequences: the limits, whatever the data
+        lengths = None
     model = _calibrated(arch, config, gpus, measured, passes, device).with_lengths(lengths or JobLengths())
     return _predicted_verdict(model, target, config, card, report)
 
