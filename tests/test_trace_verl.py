@@ -130,3 +130,32 @@ def test_verls_environment_traces_on_the_jobs_lengths():
     priced = {kind: tokens for kind, tokens in pass_tokens(GRPO, lengths, 1).to_dict().items() if tokens}
     assert verls.lengths == "data" and verls.tokens == priced
     assert verls.tokens["update"] < 2 * GRPO.sequence_length  # the limits' micro batch of 2
+
+
+@pytest.mark.e2e
+def test_verls_transformers_builds_every_model_in_the_dtype_asked(tmp_path: Path):
+    """transformers 5.10 (verl's environment) built a critic's body in Llama-2's config dtype (fp16) and its
+    head in the one asked: FSDP refused the mix, and the trace of seed §5.2 (PPO, FSDP) failed."""
+    if not VERL_PYTHON.exists():
+        pytest.skip(f"verl's environment is missing ({VERL_PYTHON}): ./setup.sh test makes it")
+    (tmp_path / "autotune").symlink_to(Path(__file__).resolve().parents[1] / "autotune", True)
+    code = (
+        "import torch\n"
+        "from autotune.models.registry import build_causal_lm, build_critic, resolve_model\n"
+        "spec = resolve_model('llama-2-7b')\n"
+        "for build in (build_causal_lm, build_critic):\n"
+        "    model = build(spec, torch.float32, 'meta')\n"
+        "    print(build.__name__, sorted({str(p.dtype) for p in model.parameters()}))\n"
+    )
+    done = subprocess.run(
+        [str(VERL_PYTHON), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        "build_causal_lm ['torch.float32']",
+        "build_critic ['torch.float32']",
+    ]

@@ -337,6 +337,10 @@ def _build(
     # tensors ourselves takes ~2 s on CPU and is instant on a GPU.
     with torch.device(device), _skip_init():
         model = auto_class.from_config(config, dtype=dtype, trust_remote_code=spec.trust_remote_code)
+    if any(p.dtype != dtype for p in model.parameters()):
+        # transformers 5.10 (verl 0.9.1's environment) builds a *ForTokenClassification body in the config's
+        # torch_dtype (fp16 for Llama-2) and only its head in `dtype`: FSDP then refuses the mix
+        model.to(dtype)
     model.tie_weights()  # skipping init_weights also skipped the tying of input/output embeddings
     init_random_(model, std=getattr(config, "initializer_range", 0.02))
     return model
