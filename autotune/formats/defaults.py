@@ -16,33 +16,33 @@ from typing import Any
 
 __all__ = ["trainer_defaults"]
 
-# knob -> the trainer's field that carries it (one field, the knob's value as written)
-TRL_FIELDS = {
-    "micro_batch_size": "per_device_train_batch_size",
-    "gradient_checkpointing": "gradient_checkpointing",  # TRL's GRPOConfig field (default true)
-    "num_rollout_workers": "dataloader_num_workers",
-}
-AR = "actor_rollout_ref"
-VERL_KEYS = {
-    "gradient_checkpointing": f"{AR}.model.enable_gradient_checkpointing",
-    "num_rollout_workers": "data.dataloader_num_workers",
-    "param_offload": f"{AR}.actor.fsdp_config.param_offload",
-    "optimizer_offload": f"{AR}.actor.fsdp_config.optimizer_offload",
-    "offload_policy": f"{AR}.actor.fsdp_config.offload_policy",
-    "use_dynamic_bsz": f"{AR}.actor.use_dynamic_bsz",
-}
+# The knobs the pick weighs, each read where the export writes it (the first key or field of its route)
+TRL_KNOBS = ("micro_batch_size", "gradient_checkpointing", "num_rollout_workers")
+VERL_KNOBS = (
+    "gradient_checkpointing",
+    "num_rollout_workers",
+    "param_offload",
+    "optimizer_offload",
+    "offload_policy",
+    "use_dynamic_bsz",
+)
+# The export writes transformers' current name; TRL's GRPOConfig keeps the default on the older one
+TRL_DEFAULT_FIELD = {"activation_checkpointing": "gradient_checkpointing"}
 
 
 @functools.cache
 def _defaults(target: str) -> tuple[tuple[str, Any], ...]:
     if target == "trl":
+        from autotune.formats.trl import ROUTE_OF
         from autotune.formats.trl_read import fields
 
         schema = fields()
-        return tuple((knob, schema[name]["default"]) for knob, name in TRL_FIELDS.items())
+        named = {knob: ROUTE_OF[knob].fields[0] for knob in TRL_KNOBS}
+        return tuple((knob, schema[TRL_DEFAULT_FIELD.get(f, f)]["default"]) for knob, f in named.items())
     from autotune.formats.verl_schema import export_default
+    from autotune.formats.verl_table import route
 
-    return tuple((knob, export_default(key)) for knob, key in VERL_KEYS.items())
+    return tuple((knob, export_default(route(knob).keys[0].name)) for knob in VERL_KNOBS)
 
 
 def trainer_defaults(target: str) -> dict[str, Any]:
