@@ -24,6 +24,7 @@ __all__ = [
     "KNOB_NAMES",
     "MAX_KL_COEF",
     "MINI_BATCH",
+    "MIN_LOADER_WORKERS",
     "SHARDINGS",
     "VERL_DEFAULT_UTILIZATION",
     "VERL_KNOBS",
@@ -48,6 +49,8 @@ ALGORITHMS = ("ppo", "grpo")
 SHARDINGS = ("replicate", "full_shard", "shard_grad_op")
 # feasible means peak <= budget × (1 − headroom): the rest is left to the allocator's fragmentation
 DEFAULT_HEADROOM = 0.10
+# 0 DataLoader workers: the training process loads the prompts itself (TRL's and transformers' default)
+MIN_LOADER_WORKERS = 0
 MAX_KL_COEF = 100.0  # a KL coefficient beyond this is a typo: the KL term would drown the policy loss
 
 

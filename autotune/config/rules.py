@@ -35,6 +35,7 @@ from autotune.config.knobs import (
     ALGORITHMS,
     BUDGET_KNOBS,
     MAX_KL_COEF,
+    MIN_LOADER_WORKERS,
     SHARDINGS,
     VLLM_KNOBS,
     ProbeConfig,
@@ -142,8 +143,7 @@ def value_findings(c: ProbeConfig) -> list[Finding]:
     (`autotune.config.numbers`)."""
     bounds: dict[str, dict[str, Any]] = {key: {"integer": True, "minimum": 1} for key in POSITIVE_KNOBS}
     bounds["lora_alpha"] = {"integer": True, "minimum": 1}
-    # 0 loader workers: the main process loads the prompts (TRL's default)
-    bounds["num_rollout_workers"] = {"integer": True, "minimum": 0}
+    bounds["num_rollout_workers"] = {"integer": True, "minimum": MIN_LOADER_WORKERS}
     bounds["kl_coef"] = {"minimum": 0.0, "maximum": MAX_KL_COEF}
     if c.log_prob_micro_batch_size is not None:
         bounds["log_prob_micro_batch_size"] = {"integer": True, "minimum": 1}

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from autotune.config.knobs import ALGORITHMS, DEFAULT_HEADROOM, MAX_KL_COEF, SHARDINGS
+from autotune.config.knobs import ALGORITHMS, DEFAULT_HEADROOM, MAX_KL_COEF, MIN_LOADER_WORKERS, SHARDINGS
 from autotune.config.numbers import MAX_GIB, MAX_RANKS, MAX_SECONDS
 from autotune.config.schema import MISSING, Checker, show
 from autotune.errors import UserError
@@ -305,9 +305,8 @@ def _parse_knob(check: Checker, name: str, raw: Any, unit: int | None, cores: in
 
 
 def least(name: str) -> int:
-    """A knob's smallest value: 0 DataLoader workers loads in the training process (TRL's and transformers'
-    default); every size is at least 1."""
-    return 0 if name == WORKERS else 1
+    """A knob's smallest value: every size is at least 1, loader workers may be none (as config values)."""
+    return MIN_LOADER_WORKERS if name == WORKERS else 1
 
 
 def choice_ok(check: Checker, path: str, name: str, value: Any) -> bool:
