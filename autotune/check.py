@@ -347,12 +347,9 @@ def check(options: CheckOptions) -> CheckResult:
 
 
 def _unpriced(findings: list[Finding]) -> str:
-    """'' when every size the memory model reads (a batch, a length, a budget) is valid; else why no memory
-    verdict is given: a length of -5 tokens would be priced as if it were one."""
-    sizes = {f.name for f in dataclasses.fields(ProbeConfig) if f.type in ("int", "int | None")}
-    wrong = sorted(
-        {f.key for f in findings if f.check == "values" and f.severity == "problem" and f.key in sizes}
-    )
+    """'' when every value passed the values check; else why no memory verdict is given, as config_findings
+    runs no later rule then: a length of -5 tokens would be priced as if it were one."""
+    wrong = sorted({f.key for f in findings if f.check == "values" and f.severity == "problem" and f.key})
     if not wrong:
         return ""
     return f"memory not checked: {', '.join(wrong)} above must be fixed first"
@@ -389,12 +386,6 @@ def _check_trace_lengths(options: CheckOptions) -> None:
         raise UserError(
             "--trace-lengths data: no lengths but the limits; pass --data FILE or --verl-log FILE"
         )
-
-
-def _verdict_lengths(memory: dict[str, Any]) -> str:
-    """The lengths the memory verdict priced its micro batches on (a TRL file's are the limits: TRL pads every
-    batch to them)."""
-    return str(memory.get("lengths", "max"))
 
 
 def _trace_lengths(options: CheckOptions, verdict: str, lengths: JobLengths) -> JobLengths:
@@ -471,7 +462,7 @@ def _model_checks(
         from autotune.probe.traced import traced_check
 
         layout = memory.get("device", "cuda")
-        verdict = _verdict_lengths(memory)
+        verdict = str(memory.get("lengths", "max"))  # a TRL file's: the limits, which TRL pads to
         on = _trace_lengths(options, verdict, lengths)
         traced = traced_check(spec, reward_spec, config, gpus, layout, options.verl_python, on)
         if not traced.failed:
