@@ -93,9 +93,8 @@ class MemoryTrace:
     notes: list[str] = field(default_factory=list)
     functions: dict[str, str] = field(default_factory=dict)  # the per-token math traced: entry -> function
     lengths: str = "max"  # what the micro batches were packed from: "data" (the job's lengths) or "max"
-    tokens: dict[str, int] = field(
-        default_factory=dict
-    )  # each pass's micro batch as made (PassTokens' names)
+    # each pass's micro batch as made (PassTokens' names)
+    tokens: dict[str, int] = field(default_factory=dict)
 
     def peak(self, analytic_phase: str) -> PhasePeak | None:
         """The largest traced pass of one of the analytic model's phases ("scoring", "update")."""

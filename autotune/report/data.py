@@ -468,12 +468,12 @@ def near_misses(
 
 def _remeasured_why(found: pick.Figures, chosen_mean: float) -> str:
     """Why a re-measured contender was not recommended."""
-    probes = f"{found.count} probe{'s' if found.count > 1 else ''}"
     if found.count == 1:
         return (
             "not re-probed in the time allowed: its one probe, the draw that made it a contender, is not "
             "set against means"
         )
+    probes = f"{found.count} probes"
     if found.mean > chosen_mean:
         return (
             f"re-measured: mean {found.mean:.3f} samples/s over {probes}, within the probes' noise of the "
