@@ -637,6 +637,12 @@ class _Passes:
         )
 
 
+def _priced_lengths(lengths: JobLengths | None, passes: str) -> JobLengths:
+    """The lengths a model of `passes` prices: the job's for verl's packed passes; the limits for TRL's, which
+    pad every batch to its longest sequences whatever the data (so a verdict says `max`, as it prices)."""
+    return (lengths or JobLengths()) if passes not in TRL_PASSES else JobLengths()
+
+
 def predict_components(
     arch: Architecture,
     config: ProbeConfig,
@@ -771,8 +777,8 @@ class MemoryModel:
         # a job whose rollout runs in vLLM's own pool (judged by the share, `generation_bytes` and check's
         # pool findings): a Hugging Face generate phase is then no peak of the job (verl's passes have none)
         self.vllm_rollout = vllm_rollout
-        self.lengths = lengths or JobLengths()  # the job's token lengths: what a micro batch holds
         self.passes = passes  # whose training passes: verl's packed ones, or TRL's padded ones
+        self.lengths = _priced_lengths(lengths, passes)  # the job's token lengths: what a micro batch holds
 
     def breakdown(self, config: ProbeConfig, tokens: PassTokens | None = None) -> MemoryBreakdown:
         """The terms of `config` on the model's lengths, or with the `tokens` a probe packed."""
@@ -873,7 +879,7 @@ class MemoryModel:
     def with_lengths(self, lengths: JobLengths) -> MemoryModel:
         """A copy of this model (its calibration kept) that prices micro batches on other lengths."""
         copy = self.with_calibration(self.constant, self.factor)
-        copy.lengths, copy.points = lengths, self.points
+        copy.lengths, copy.points = _priced_lengths(lengths, self.passes), self.points
         return copy
 
     def to_dict(self) -> dict[str, Any]:

@@ -72,8 +72,6 @@ def memory_findings(
     if measured is not None and card is None and gpus == measured.gpus:
         return _measured_verdict(arch, target, config, measured, report, passes)
     device = target.device or "cuda"
-    if passes in TRL_PASSES:  # TRL pads every batch to its longest sequences: the limits, whatever the data
-        lengths = None
     model = _calibrated(arch, config, gpus, measured, passes, device).with_lengths(lengths or JobLengths())
     return _predicted_verdict(model, target, config, card, report)
 
@@ -216,7 +214,7 @@ def _at_the_limits(
         "verdict": worst_verdict,
         "tokens": worst_model.breakdown(config).tokens,
     }
-    if not model.lengths.on_data or model.passes != "verl" or worst_verdict == verdict:
+    if not model.lengths.on_data or worst_verdict == verdict:  # TRL models price the limits: never on data
         return []
     at_max = f"{gib(worst, None)} GiB {VERDICT_WORDS[worst_verdict]} {card.label}"
     if config.use_dynamic_bsz:
