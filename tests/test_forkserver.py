@@ -3,6 +3,7 @@
 import json
 import os
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -194,6 +195,22 @@ def test_server_dying_mid_probe_then_fallback_then_a_new_server(server, tmp_path
     status, seen = _seen_by(tmp_path, monkeypatch)
     assert status == "ok" and forkserver.forked_ranks() == before + 1
     assert seen["ppid"] not in (server.pid, os.getpid())
+
+
+def test_a_server_started_from_a_probe_thread_outlives_it(monkeypatch):
+    """A study probes from its own threads, and re-measures and gains after they end: the server must not
+    die with the thread that asked for it (PR_SET_PDEATHSIG follows the thread that started a process)."""
+    monkeypatch.delenv(forkserver.SWITCH, raising=False)
+    monkeypatch.setattr(forkserver, "_starts", 0)
+    forkserver.shutdown()
+    found: list[forkserver.ForkServer | None] = []
+    asking = threading.Thread(target=lambda: found.append(forkserver.get()))
+    asking.start()
+    asking.join()
+    (started,) = found
+    assert started is not None
+    time.sleep(0.5)  # the signal, were it sent at the thread's end, has been delivered by now
+    assert started.alive and forkserver.get() is started
 
 
 def test_shutdown_takes_the_server_and_its_ranks_down(server, tmp_path):

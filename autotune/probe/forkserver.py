@@ -48,6 +48,7 @@ import tempfile
 import threading
 import time
 import traceback
+from concurrent.futures import Future
 from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
@@ -139,7 +140,8 @@ class ForkServer:
         # The server's own messages, shown only if it fails to start.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
         # Its own process group: the terminal's Ctrl-C goes to the tuner, which decides what to cancel.
-        # Its PR_SET_PDEATHSIG fires when the *thread* that started it ends: the tuner's main thread does.
+        # Its PR_SET_PDEATHSIG fires when the *thread* that started it ends: `get` starts it from a thread
+        # that lives as long as this process (a study's probe threads end with the study).
         self.proc = subprocess.Popen(
             [sys.executable, str(program), "--parent", str(os.getpid())],
             stdin=subprocess.PIPE,
@@ -234,6 +236,7 @@ class ForkServer:
 
 
 _server: ForkServer | None = None
+_keeper: queue.Queue[Future[ForkServer]] | None = None  # requests to the thread that starts every server
 _starts = 0
 _owner = os.getpid()
 _lock = threading.Lock()
@@ -265,12 +268,35 @@ def get() -> ForkServer | None:
             return None
         _starts += 1
         try:
-            _server = ForkServer()
+            _server = _start_from_keeper()
         except (ForkServerError, OSError) as exc:
             log.debug("%s; probes spawn fresh processes", exc)
             _starts = MAX_STARTS  # it would fail the same way next time
             return None
         return _server
+
+
+def _start_from_keeper() -> ForkServer:
+    """A new server, started from the keeper: a daemon thread that lives until this process exits (after
+    `shutdown` has stopped the server). The server dies with the thread that started it (PR_SET_PDEATHSIG):
+    started from a study's probe thread, it died when the study ended, and every re-measure and gain probe
+    after it paid a fresh start (3 s of 4 on the tests' tiny model)."""
+    global _keeper
+    if _keeper is None:
+        _keeper = queue.Queue()
+        threading.Thread(target=_keep, args=(_keeper,), name="forkserver-keeper", daemon=True).start()
+    started: Future[ForkServer] = Future()
+    _keeper.put(started)
+    return started.result()
+
+
+def _keep(requests: queue.Queue[Future[ForkServer]]) -> None:
+    while True:
+        started = requests.get()
+        try:
+            started.set_result(ForkServer())
+        except BaseException as exc:  # the caller handles it, in its own thread
+            started.set_exception(exc)
 
 
 def forked_ranks() -> int:
