@@ -326,14 +326,15 @@ def _weights(arch: Architecture, config: ProbeConfig, p: _Precision, held: _Hold
 
 
 def _rollout_buffer(config: ProbeConfig, world_size: int, passes: str = "verl") -> int:
-    """The rank's rollout as `ppo.rollout`, `score` and `advantages` keep it: int64 ids and mask per token
-    (verl's passes: each sample's tokens, at most Lp + Lr, and its padded response ids), a score per sample,
-    and per response token old log-probs, the mask and advantages (and the entropy, verl's), reference
-    log-probs with KL, values and returns for PPO (fp32)."""
+    """The rank's rollout on the device, as `ppo.rollout`, `score` and `advantages` keep it: a score per
+    sample; int64 response ids (verl's passes: padded to the response limit, each sample's own tokens stay on
+    the host until its micro batch is packed) or whole left-padded rows of ids and mask (generated); and per
+    response token the mask, old log-probs and advantages (and the entropy, verl's), reference log-probs
+    with KL, values and returns for PPO (fp32)."""
     samples = config.train_batch_size // world_size
-    ids_and_masks = 2 * config.sequence_length * 8
+    ids = config.max_response_length * 8 if passes == "verl" else 2 * config.sequence_length * 8
     per_token = 3 + config.use_kl + 2 * (config.algorithm == "ppo") + (passes == "verl")
-    return samples * (ids_and_masks + per_token * config.max_response_length * 4 + 4)
+    return samples * (ids + per_token * config.max_response_length * 4 + 4)
 
 
 # ---------------------------------------------------------------------------------------- activation terms

@@ -167,12 +167,13 @@ def _batch_of(config: ProbeConfig, micro: Any) -> dict[str, Any]:
 
 
 def _rollout_buffer(config: ProbeConfig, world_size: int) -> list[torch.Tensor]:
-    """The rank's per-token rollout buffer, as the probe keeps it through the iteration: the response ids,
-    mask, old log-probs, entropy and advantages, the reference's log-probs with KL, values and returns for
-    PPO."""
+    """The rank's rollout on the device, as the probe keeps it through the iteration: a score per sample; per
+    response token the padded ids, mask, old log-probs, entropy and advantages, the reference's log-probs
+    with KL, values and returns for PPO. (Each sample's own tokens stay on the host until packed.)"""
     samples, length = config.train_batch_size // world_size, config.max_response_length
-    kinds = 5 + config.use_kl + 2 * (config.algorithm == "ppo")
-    return [torch.zeros(samples, length, dtype=torch.long)] + [torch.zeros(samples, length)] * (kinds - 1)
+    floats = 4 + config.use_kl + 2 * (config.algorithm == "ppo")
+    ids = torch.zeros(samples, length, dtype=torch.long)
+    return [torch.zeros(samples), ids, *(torch.zeros(samples, length) for _ in range(floats))]
 
 
 @contextlib.contextmanager
