@@ -16,77 +16,116 @@ PYTHON="${PYTHON:-python3}"
 say() { echo "setup.sh: $*"; } # each step, so that a minute of pip is not a silent minute
 [ -x .venv/bin/python ] || { say "creating .venv"; "$PYTHON" -m venv .venv; }
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
-if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+install_torch() {
+  .venv/bin/python -c "import torch" 2>/dev/null && return 0
   say "installing torch 2.13.0 (seconds from a local CPU build, minutes from PyPI)"
-  "${pip[@]}" "torch==2.13.0"
-fi
+  "${pip[@]}" "$@" "torch==2.13.0"
+}
 if [ "${1:-}" != "test" ]; then
+  install_torch
   say "installing autotune and its dependencies into .venv"
   "${pip[@]}" -e .
   say "done: .venv/bin/autotune --help"
   exit 0
 fi
-say "installing autotune with the test tools (pytest, ruff, mypy, hypothesis, psycopg2, TRL) into .venv"
-"${pip[@]}" -e ".[test]"
-# verl 0.9.1 with its own dependencies, in its own environment: the tests compose autotune's exports with its
-# Hydra config and run its validate_config; autotune never imports it.
-[ -x .venv-verl/bin/python ] || "$PYTHON" -m venv .venv-verl
-.venv-verl/bin/python -c "import verl" 2>/dev/null || {
-  say "installing verl 0.9.1 and its dependencies into .venv-verl (the exports' referee; a few minutes)"
-  .venv-verl/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" "verl==0.9.1" orjson
+# Three lanes at once, as each mostly waits on one core: .venv, .venv-verl, and (as root) Debian's packages.
+# pip does not compile every module it installs (--no-compile: 17,500 files in .venv, half of pip's time);
+# each lane then imports what the tests use once, with bytecode caching on, so that only those files
+# (about 3,000) are compiled, once.
+compile_imports() { # VENV MODULE...: import each (bytecode caching on); name those that fail
+  env -u PYTHONDONTWRITEBYTECODE "$1/bin/python" -W ignore - "${@:2}" >/dev/null 2>&1 <<'PY' \
+    || echo "setup.sh: note: $1 could not import all of: ${*:2}" >&2
+import importlib, sys
+failed = []
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception:
+        failed.append(name)
+sys.exit(1 if failed else 0)
+PY
 }
-if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+verl_lane() { # verl 0.9.1 with its own dependencies, in its own environment: the tests compose autotune's
+  # exports with its Hydra config and run its validate_config; autotune never imports it.
+  [ -x .venv-verl/bin/python ] || "$PYTHON" -m venv .venv-verl
+  .venv-verl/bin/python -c "import verl" 2>/dev/null && return 0
+  say "installing verl 0.9.1 and its dependencies into .venv-verl (the exports' referee; about a minute)"
+  .venv-verl/bin/python -m pip install -q --disable-pip-version-check --no-compile \
+    "torch==2.13.0" "verl==0.9.1" orjson
+  compile_imports .venv-verl verl.trainer.main_ppo verl.workers.config verl.utils.config \
+    verl.workers.engine.fsdp.transformer_impl verl.trainer.ppo.core_algos verl.single_controller.ray.base \
+    verl.workers.rollout.replica verl.utils.dataset.rl_dataset verl.utils.torch_functional hydra ray
+}
+main_lane() {
+  install_torch --no-compile
+  say "installing autotune with the test tools (pytest, ruff, mypy, hypothesis, psycopg2, TRL) into .venv"
+  "${pip[@]}" --no-compile -e ".[test]"
+  compile_imports .venv torch transformers peft trl optuna ray hypothesis pytest autotune.cli \
+    autotune.probe.rank.ppo autotune.probe.rank.trace transformers.models.llama.modeling_llama
+}
+debian_lane() { # chromium for the browser tests; PostgreSQL for the shared-study tests
+  apt_install() { # quietly, with one `apt-get update` per run
+    [ -n "${apt_updated:-}" ] || { apt-get update -qq && apt_updated=1; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  }
+  if ! command -v chromium >/dev/null; then
+    say "installing Debian's chromium (the report's browser tests)"
+    apt_install chromium
+  fi
+  # PostgreSQL: the server package once, then our own cluster (created once, started whenever it is down, e.g.
+  # after a reboot), then the role and database; the password is kept only in .venv/postgres-url.
+  if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null; then
+    say "installing Debian's postgresql (the PostgreSQL storage tests)"
+    apt_install --no-install-recommends postgresql
+  fi
+  pg_cluster() { pg_lsclusters -h | awk '$2 == "autotune" { print $1, $3, $4 }'; } # version port status
+  read -r pg_ver pg_port pg_status <<<"$(pg_cluster)"
+  if [ -z "$pg_ver" ]; then
+    pg_ver=$(find /usr/lib/postgresql/*/bin/postgres | sort -V | tail -1 | cut -d/ -f5)
+    LC_ALL=C.UTF-8 pg_createcluster -q --locale C.UTF-8 "$pg_ver" autotune >/dev/null
+    # (not `pg_createcluster -o`: it would write 127.0.0.1 unquoted, which PostgreSQL cannot parse)
+    echo "listen_addresses = '127.0.0.1'" >"/etc/postgresql/$pg_ver/autotune/conf.d/listen.conf"
+    read -r pg_ver pg_port pg_status <<<"$(pg_cluster)"
+  fi
+  if [[ "$pg_status" != online* ]]; then
+    say "starting the PostgreSQL cluster 'autotune'"
+    pg_ctlcluster "$pg_ver" autotune start
+  fi
+  # The role is the machine's, shared by every clone: its password is kept beside the cluster's config (root
+  # only), so that a second clone's setup reuses it instead of changing it under the first.
+  pg_url_file=.venv/postgres-url
+  pg_pass_file="/etc/postgresql/$pg_ver/autotune/autotune-test-password"
+  pg_works() {
+    [ -n "$1" ] && PGPASSWORD="$1" PGCONNECT_TIMEOUT=5 psql -X -qtA -h 127.0.0.1 -p "$pg_port" \
+      -U autotune -d autotune_test -c "SELECT 1" >/dev/null 2>&1
+  }
+  pg_pass=$(sed -n 's#^postgresql+psycopg2://autotune:\([0-9a-f]*\)@.*#\1#p' "$pg_url_file" 2>/dev/null || true)
+  pg_works "$pg_pass" || pg_pass=$(cat "$pg_pass_file" 2>/dev/null || true)
+  if ! pg_works "$pg_pass"; then
+    pg_pass=$("$PYTHON" -c "import secrets; print(secrets.token_hex(16))")
+    pg_sql() { (cd / && runuser -u postgres -- psql -X -qtA -v ON_ERROR_STOP=1 -p "$pg_port"); } # SQL on stdin
+    [ "$(pg_sql <<<"SELECT 1 FROM pg_roles WHERE rolname = 'autotune'")" = 1 ] \
+      || pg_sql <<<"CREATE ROLE autotune"
+    pg_sql <<<"ALTER ROLE autotune LOGIN PASSWORD '$pg_pass'"
+    [ "$(pg_sql <<<"SELECT 1 FROM pg_database WHERE datname = 'autotune_test'")" = 1 ] \
+      || pg_sql <<<"CREATE DATABASE autotune_test OWNER autotune"
+  fi
+  (umask 077 && echo "$pg_pass" >"$pg_pass_file")
+  (umask 077 && echo "postgresql+psycopg2://autotune:$pg_pass@127.0.0.1:$pg_port/autotune_test" >"$pg_url_file")
+  chmod 600 "$pg_url_file"
+}
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT # a failed lane stops the others
+verl_lane &
+pids+=($!)
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  debian_lane &
+  pids+=($!)
+else
   echo "setup.sh: not root with apt-get, so no Debian chromium or postgresql: the tests needing them skip" \
     "(the PostgreSQL tests use AUTOTUNE_TEST_POSTGRES=postgresql+psycopg2://... when set)"
-  exit 0
 fi
-apt_install() { # quietly, with one `apt-get update` per run
-  [ -n "${apt_updated:-}" ] || { apt-get update -qq && apt_updated=1; }
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
-}
-if ! command -v chromium >/dev/null; then
-  say "installing Debian's chromium (the report's browser tests)"
-  apt_install chromium
-fi
-# PostgreSQL: the server package once, then our own cluster (created once, started whenever it is down, e.g.
-# after a reboot), then the role and database; the password is kept only in .venv/postgres-url.
-if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null; then
-  say "installing Debian's postgresql (the PostgreSQL storage tests)"
-  apt_install --no-install-recommends postgresql
-fi
-pg_cluster() { pg_lsclusters -h | awk '$2 == "autotune" { print $1, $3, $4 }'; } # version port status
-read -r pg_ver pg_port pg_status <<<"$(pg_cluster)"
-if [ -z "$pg_ver" ]; then
-  pg_ver=$(find /usr/lib/postgresql/*/bin/postgres | sort -V | tail -1 | cut -d/ -f5)
-  LC_ALL=C.UTF-8 pg_createcluster -q --locale C.UTF-8 "$pg_ver" autotune >/dev/null
-  # (not `pg_createcluster -o`: it would write 127.0.0.1 unquoted, which PostgreSQL cannot parse)
-  echo "listen_addresses = '127.0.0.1'" >"/etc/postgresql/$pg_ver/autotune/conf.d/listen.conf"
-  read -r pg_ver pg_port pg_status <<<"$(pg_cluster)"
-fi
-if [[ "$pg_status" != online* ]]; then
-  say "starting the PostgreSQL cluster 'autotune'"
-  pg_ctlcluster "$pg_ver" autotune start
-fi
-# The role is the machine's, shared by every clone: its password is kept beside the cluster's config (root
-# only), so that a second clone's setup reuses it instead of changing it under the first.
-pg_url_file=.venv/postgres-url
-pg_pass_file="/etc/postgresql/$pg_ver/autotune/autotune-test-password"
-pg_works() {
-  [ -n "$1" ] && PGPASSWORD="$1" PGCONNECT_TIMEOUT=5 psql -X -qtA -h 127.0.0.1 -p "$pg_port" \
-    -U autotune -d autotune_test -c "SELECT 1" >/dev/null 2>&1
-}
-pg_pass=$(sed -n 's#^postgresql+psycopg2://autotune:\([0-9a-f]*\)@.*#\1#p' "$pg_url_file" 2>/dev/null || true)
-pg_works "$pg_pass" || pg_pass=$(cat "$pg_pass_file" 2>/dev/null || true)
-if ! pg_works "$pg_pass"; then
-  pg_pass=$(.venv/bin/python -c "import secrets; print(secrets.token_hex(16))")
-  pg_sql() { (cd / && runuser -u postgres -- psql -X -qtA -v ON_ERROR_STOP=1 -p "$pg_port"); } # SQL on stdin
-  [ "$(pg_sql <<<"SELECT 1 FROM pg_roles WHERE rolname = 'autotune'")" = 1 ] \
-    || pg_sql <<<"CREATE ROLE autotune"
-  pg_sql <<<"ALTER ROLE autotune LOGIN PASSWORD '$pg_pass'"
-  [ "$(pg_sql <<<"SELECT 1 FROM pg_database WHERE datname = 'autotune_test'")" = 1 ] \
-    || pg_sql <<<"CREATE DATABASE autotune_test OWNER autotune"
-fi
-(umask 077 && echo "$pg_pass" >"$pg_pass_file")
-(umask 077 && echo "postgresql+psycopg2://autotune:$pg_pass@127.0.0.1:$pg_port/autotune_test" >"$pg_url_file")
-chmod 600 "$pg_url_file"
+main_lane
+for pid in "${pids[@]}"; do wait "$pid"; done
+pids=()
 say "done: ./check.sh runs the tests"
