@@ -1,4 +1,5 @@
 import contextlib
+import io
 import json
 import os
 import subprocess
@@ -166,10 +167,22 @@ def wait_for(predicate: Callable[[], bool], timeout: float, every: float = 0.5) 
     return False
 
 
-def probe_json(*args: str, timeout: float = 600) -> tuple[int, dict]:
-    proc = run_cli("probe", "--device", "cpu", "--json", *args, timeout=timeout)
-    assert proc.stdout, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
+def probe_json(*args: str, timeout: float = 600, own_process: bool = False) -> tuple[int, dict]:
+    """`autotune probe --device cpu --json ARGS`: through the CLI's entry point in this process, or with
+    `own_process` as a user types it. In this process the probe's ranks are still real processes, forked from
+    this worker's fork server, which stays warm from one test to the next; a fresh `autotune` process imports
+    torch and starts a server of its own first, about 8 s of every probe on two cores."""
+    if own_process:
+        proc = run_cli("probe", "--device", "cpu", "--json", *args, timeout=timeout)
+        assert proc.stdout, proc.stderr
+        return proc.returncode, json.loads(proc.stdout)
+    from autotune.cli import main
+
+    said = io.StringIO()
+    with contextlib.chdir(REPO), contextlib.redirect_stdout(said):
+        code = main(["probe", "--device", "cpu", "--json", "--timeout", f"{timeout:.0f}", *args])
+    assert said.getvalue(), f"autotune probe {' '.join(args)} printed nothing (exit {code})"
+    return code, json.loads(said.getvalue())
 
 
 @pytest.fixture

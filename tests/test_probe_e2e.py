@@ -26,7 +26,7 @@ def _assert_measured(result: dict) -> None:
 
 
 def test_issue_example_single_rank():
-    code, result = probe_json("--model", "tiny-llama", *ISSUE_EXAMPLE)
+    code, result = probe_json("--model", "tiny-llama", *ISSUE_EXAMPLE, own_process=True)  # as typed
     assert code == 0
     _assert_measured(result)
     assert result["world_size"] == 1
