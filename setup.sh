@@ -114,18 +114,22 @@ debian_lane() { # chromium for the browser tests; PostgreSQL for the shared-stud
   (umask 077 && echo "postgresql+psycopg2://autotune:$pg_pass@127.0.0.1:$pg_port/autotune_test" >"$pg_url_file")
   chmod 600 "$pg_url_file"
 }
-pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT # a failed lane stops the others
+# Each lane in its own process group (set -m): if setup fails or is interrupted, the verl lane's pip stops with
+# it. The Debian lane is left to finish: an apt-get or a cluster stopped halfway is worse than one that ends.
+set -m
 verl_lane &
-pids+=($!)
+verl_pid=$!
+trap 'kill -- "-$verl_pid" 2>/dev/null || true' EXIT
+debian_pid=
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   debian_lane &
-  pids+=($!)
+  debian_pid=$!
 else
   echo "setup.sh: not root with apt-get, so no Debian chromium or postgresql: the tests needing them skip" \
     "(the PostgreSQL tests use AUTOTUNE_TEST_POSTGRES=postgresql+psycopg2://... when set)"
 fi
 main_lane
-for pid in "${pids[@]}"; do wait "$pid"; done
-pids=()
+wait "$verl_pid"
+trap - EXIT
+[ -z "$debian_pid" ] || wait "$debian_pid"
 say "done: ./check.sh runs the tests"

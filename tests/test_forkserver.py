@@ -41,6 +41,7 @@ seen = {
     "ppid": os.getppid(), "pid": os.getpid(), "pgid": os.getpgid(0),
     "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_PORT", "OMP_NUM_THREADS")},
     "argv": sys.argv, "cwd": os.getcwd(), "python_threads": threading.active_count(),
+    "cpus": sorted(os.sched_getaffinity(0)),
 }
 if seen["torch_preloaded"]:
     import torch
@@ -211,6 +212,23 @@ def test_a_server_started_from_a_probe_thread_outlives_it(monkeypatch):
     assert started is not None
     time.sleep(0.5)  # the signal, were it sent at the thread's end, has been delivered by now
     assert started.alive and forkserver.get() is started
+
+
+def test_a_forked_rank_has_the_cores_of_the_thread_that_asked(server, tmp_path, monkeypatch):
+    """As a fresh process started from the asking thread would: the server has the cores of the thread that
+    started it, and a thread's cores can change (the tests pin and widen theirs)."""
+    everything = sorted(psutil.Process().cpu_affinity() or [])
+    if len(everything) < 2:
+        pytest.skip("needs two cores to tell the server's from the asking thread's")
+    served = set(psutil.Process(server.pid).cpu_affinity() or [])
+    asked = [core for core in everything if core not in served] or everything[:1]
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, asked)
+    try:
+        status, seen = _seen_by(tmp_path, monkeypatch)
+    finally:
+        os.sched_setaffinity(0, mine)
+    assert status == "ok" and seen["ppid"] == server.pid and seen["cpus"] == asked
 
 
 def test_shutdown_takes_the_server_and_its_ranks_down(server, tmp_path):

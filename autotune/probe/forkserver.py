@@ -16,7 +16,8 @@ to MAX_STARTS times per tuner process. Linux only. Set AUTOTUNE_FORKSERVER=0 to 
 
 Protocol (JSON lines over the server's stdin/stdout):
   server -> {"ready": bool, "reason", "pid", "import_seconds", "os_threads", "cuda_initialized"}  (first line)
-  tuner  -> {"request": K, "argv": [program, *args], "env": {...}, "cwd", "log": path, "pgid": G (0: new)}
+  tuner  -> {"request": K, "argv": [program, *args], "env": {...}, "cwd", "log": path, "pgid": G (0: new),
+             "cpus": the asking thread's cores}
   server -> {"request": K, "pid": N} or {"request": K, "error": str}, in request order;
             {"exit": N, "code": C} when rank N ends (C as Popen.returncode: negative for a signal).
 
@@ -207,7 +208,9 @@ class ForkServer:
             request = next(self._requests)
             self._pending[request] = str(log_path)
             message = {"request": request, "argv": argv, "env": env, "cwd": os.getcwd()}
-            message.update(log=str(log_path), pgid=pgid)
+            # the cores of the asking thread, as a fresh process started from it would have them: the
+            # server has those of the thread that started it (the affinity is a thread's, not a process's)
+            message.update(log=str(log_path), pgid=pgid, cpus=sorted(os.sched_getaffinity(0)))
             try:
                 assert self.proc.stdin is not None
                 self.proc.stdin.write(json.dumps(message).encode() + b"\n")
@@ -411,6 +414,8 @@ def _child(
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
+        if request.get("cpus"):
+            os.sched_setaffinity(0, request["cpus"])
         program = os.path.abspath(request["argv"][0])
         sys.argv = [program, *request["argv"][1:]]
         sys.path[0] = os.path.dirname(program)
