@@ -290,7 +290,16 @@ def _start_from_keeper() -> ForkServer:
         threading.Thread(target=_keep, args=(_keeper,), name="forkserver-keeper", daemon=True).start()
     started: Future[ForkServer] = Future()
     _keeper.put(started)
-    return started.result()
+    try:
+        return started.result()
+    except BaseException:  # interrupted while it starts (Ctrl-C): stop it once started, nobody will
+        started.add_done_callback(_stop_unclaimed)
+        raise
+
+
+def _stop_unclaimed(started: Future[ForkServer]) -> None:
+    if started.exception() is None:
+        started.result().stop()
 
 
 def _keep(requests: queue.Queue[Future[ForkServer]]) -> None:
