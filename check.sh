@@ -11,14 +11,15 @@ py=.venv/bin/python
 # every test module's asserts again (about 4 s of every worker's collection). The caches go to __pycache__/.
 unset PYTHONDONTWRITEBYTECODE
 step() { echo "check.sh: $*" >&2; "$py" -m "$@"; }
-step ruff check .
-step ruff format --check .
-step mypy
-# pytest on up to 4 cores, one worker per core (tests/conftest.py pins each; a test file stays on one worker, so
-# its module fixtures are built once); AUTOTUNE_TEST_WORKERS=1 runs it in this process. The 15 slowest tests
-# close every run, so the next slowdown shows where it lands.
+# mypy and pytest on up to 4 cores (mypy without a cache, as in a fresh clone, takes most of a minute on one)
 workers=${AUTOTUNE_TEST_WORKERS:-$(nproc)}
 [ "$workers" -le 4 ] || workers=4
+step ruff check .
+step ruff format --check .
+step mypy --num-workers "$workers"
+# pytest: one worker per core (tests/conftest.py pins each; a test file stays on one worker, so its module
+# fixtures are built once); AUTOTUNE_TEST_WORKERS=1 runs it in this process. The 15 slowest tests close every
+# run, so the next slowdown shows where it lands.
 parallel=()
 [ "$workers" -le 1 ] || parallel=(-n "$workers" --dist loadfile)
 step pytest -q "${parallel[@]}" --durations=15 "$@"
