@@ -14,6 +14,7 @@ from autotune.config.knobs import ProbeConfig
 from autotune.probe import forkserver
 from autotune.probe.contract import ProbeSettings
 from autotune.probe.launcher import run_probe
+from tests.conftest import ALL_CORES
 
 pytestmark = pytest.mark.e2e  # starts processes
 
@@ -217,7 +218,7 @@ def test_a_server_started_from_a_probe_thread_outlives_it(monkeypatch):
 def test_a_forked_rank_has_the_cores_of_the_thread_that_asked(server, tmp_path, monkeypatch):
     """As a fresh process started from the asking thread would: the server has the cores of the thread that
     started it, and a thread's cores can change (the tests pin and widen theirs)."""
-    everything = sorted(psutil.Process().cpu_affinity() or [])
+    everything = ALL_CORES  # this process's cores before the test run pinned its threads
     if len(everything) < 2:
         pytest.skip("needs two cores to tell the server's from the asking thread's")
     served = set(psutil.Process(server.pid).cpu_affinity() or [])
