@@ -15,16 +15,18 @@ cd "$(dirname "$0")"
 PYTHON="${PYTHON:-python3}"
 say() { echo "setup.sh: $*"; } # each step, so that a minute of pip is not a silent minute
 [ -x .venv/bin/python ] || { say "creating .venv"; "$PYTHON" -m venv .venv; }
-pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+pip_into() { # VENV ARGS...: pip install, quietly
+  "$1/bin/python" -m pip install -q --disable-pip-version-check "${@:2}"
+}
 install_torch() {
   .venv/bin/python -c "import torch" 2>/dev/null && return 0
   say "installing torch 2.13.0 (seconds from a local CPU build, minutes from PyPI)"
-  "${pip[@]}" "$@" "torch==2.13.0"
+  pip_into .venv "$@" "torch==2.13.0"
 }
 if [ "${1:-}" != "test" ]; then
   install_torch
   say "installing autotune and its dependencies into .venv"
-  "${pip[@]}" -e .
+  pip_into .venv -e .
   say "done: .venv/bin/autotune --help"
   exit 0
 fi
@@ -50,8 +52,7 @@ verl_lane() { # verl 0.9.1 with its own dependencies, in its own environment: th
   [ -x .venv-verl/bin/python ] || "$PYTHON" -m venv .venv-verl
   .venv-verl/bin/python -c "import verl" 2>/dev/null && return 0
   say "installing verl 0.9.1 and its dependencies into .venv-verl (the exports' referee; about a minute)"
-  .venv-verl/bin/python -m pip install -q --disable-pip-version-check --no-compile \
-    "torch==2.13.0" "verl==0.9.1" orjson
+  pip_into .venv-verl --no-compile "torch==2.13.0" "verl==0.9.1" orjson
   compile_imports .venv-verl verl.trainer.main_ppo verl.workers.config verl.utils.config \
     verl.workers.engine.fsdp.transformer_impl verl.trainer.ppo.core_algos verl.single_controller.ray.base \
     verl.workers.rollout.replica verl.utils.dataset.rl_dataset verl.utils.torch_functional hydra ray
@@ -59,7 +60,7 @@ verl_lane() { # verl 0.9.1 with its own dependencies, in its own environment: th
 main_lane() {
   install_torch --no-compile
   say "installing autotune with the test tools (pytest, ruff, mypy, hypothesis, psycopg2, TRL) into .venv"
-  "${pip[@]}" --no-compile -e ".[test]"
+  pip_into .venv --no-compile -e ".[test]"
   compile_imports .venv torch transformers peft trl optuna ray hypothesis pytest autotune.cli \
     autotune.probe.rank.ppo autotune.probe.rank.trace transformers.models.llama.modeling_llama
 }
