@@ -196,6 +196,7 @@ class MemoryBreakdown:
     activations: int = 0
     logits: int = 0
     backward_workspace: int = 0
+    backward_end: int = 0  # backward's last moment: the first layer's backward (`_training_activations`)
     update_autocast_weights: int = 0
     released_gradients: int = 0  # zero_grad(set_to_none) frees these before the micro-batch (g == 1)
     optimizer_step: int = 0
@@ -208,6 +209,7 @@ class MemoryBreakdown:
     loaded_scoring: int = 0
     loaded_update: int = 0
     backward_peak: int = 0  # the update's forward and backward before the optimizer steps (over static)
+    backward_dynamic: int = 0  # of which activations, logits and workspace, at backward's largest moment
     tokens: dict[str, int] = field(default_factory=dict)  # verl's passes: each pass's largest micro batch
     phases: dict[str, int] = field(default_factory=dict)
     phase_states: dict[str, int] = field(default_factory=dict)
@@ -393,17 +395,23 @@ class _Pass:
 
 def _training_activations(
     arch: Architecture, config: ProbeConfig, p: _Precision, run: _Pass
-) -> tuple[int, int]:
-    """(saved activations, backward workspace) of one training micro-batch."""
+) -> tuple[int, int, int]:
+    """(saved activations, backward workspace, backward's end) of one training micro-batch: the end is the
+    first layer's backward, the only layer left (its input or saved tensors, its workspace, the mask)."""
     tokens = run.tokens
     layer = _layer_training_bytes(arch, p, config.use_lora) * tokens
     final_norm = 3 * arch.hidden * 4 * tokens
     mask = run.mask
     if config.gradient_checkpointing:
-        # non-reentrant checkpointing keeps each layer's input; backward recomputes one layer at a time
-        saved = arch.layers * p.residual * arch.hidden * tokens + final_norm + mask
-        return saved, 2 * layer
-    return arch.layers * layer + final_norm + mask, layer
+        # non-reentrant checkpointing keeps each layer's input; backward recomputes one layer at a time. The
+        # workspace is what the layers' moment adds to `saved`: the recomputed layer, its MLP's gradients
+        # (gate, up and their product at the compute dtype), less the final norm's tensors, freed before
+        # backward reaches the layers (the trace at 7B-13B: 1.3-1.5 layers beside the inputs, as this says)
+        layer_input = p.residual * arch.hidden * tokens
+        saved = arch.layers * layer_input + final_norm + mask
+        workspace = layer + 3 * arch.intermediate * p.act * tokens
+        return saved, workspace - final_norm, layer_input + workspace + mask
+    return arch.layers * layer + final_norm + mask, layer, 2 * layer + mask
 
 
 def _logit_elements(rows: int, config: ProbeConfig, arch: Architecture) -> int:
@@ -545,10 +553,10 @@ def _scoring_terms(
 def _update_terms(
     arch: Architecture, config: ProbeConfig, p: _Precision, held: _Holding, passes: _Passes
 ) -> dict[str, int]:
-    saved, workspace = _training_activations(arch, config, p, passes.update)
+    saved, workspace, end = _training_activations(arch, config, p, passes.update)
     if passes.critic_update is not None:  # the critic's micro batch may have a budget of its own
-        critic_saved, critic_workspace = _training_activations(arch, config, p, passes.critic_update)
-        saved, workspace = max(saved, critic_saved), max(workspace, critic_workspace)
+        critic = _training_activations(arch, config, p, passes.critic_update)
+        saved, workspace, end = max(saved, critic[0]), max(workspace, critic[1]), max(end, critic[2])
     actor, critic = _trainable_parameters(arch, config)
     # AdamW's temporaries: foreach on CUDA (sqrt of every exp_avg_sq at once), per tensor on CPU (two copies
     # of the largest tensor, the embedding or the LM head); of the local shards when sharded
@@ -565,6 +573,7 @@ def _update_terms(
         "activations": saved,
         "logits": logits,
         "backward_workspace": workspace,
+        "backward_end": end,
         "update_autocast_weights": _autocast_weight_copy(arch, arch.actor_parameters, p, config),
         "released_gradients": 0 if held.weights_away else released,
         "optimizer_step": 0 if held.states_on_host else step,  # CPUOffloadPolicy: Adam steps on the host
@@ -671,14 +680,17 @@ def predict_components(
 
 
 def _backward_moment(update: dict[str, int], get: Any) -> tuple[int, int]:
-    """(exact, dynamic) bytes of the update's backward at its larger moment. Backward opens on the logits'
+    """(exact, dynamic) bytes of the update's backward at its largest moment. Backward opens on the logits'
     gradients, before any unit is gathered again for it; the layers come after, one recomputed at a time
-    with two units gathered and the reduce-scatter in flight (the trace at 7B-13B: never both at once)."""
+    with two units gathered and the reduce-scatter in flight (the trace at 7B-13B: never both at once). It
+    ends in the first layer: with one micro batch per step the gradients zero_grad released are all back by
+    then (the trace at 7B-13B with micro batch 16: the backward's peak)."""
     autocast, released = update["update_autocast_weights"], update["released_gradients"]
+    units = autocast + get("gathered_update", 0) + get("reduce_scatter", 0)
     logits = (autocast - released, update["activations"] + update["logits"])
-    layers_exact = autocast + get("gathered_update", 0) + get("reduce_scatter", 0) - released
-    layers = (layers_exact, update["activations"] + update["backward_workspace"])
-    return max(logits, layers, key=sum)
+    layers = (units - released, update["activations"] + update["backward_workspace"])
+    end = (units, update["backward_end"])
+    return max(logits, layers, end, key=sum)
 
 
 def _components(
@@ -723,6 +735,7 @@ def _components(
     return MemoryBreakdown(
         tokens=tokens.to_dict() if passes == "verl" else {},
         backward_peak=get("loaded_update", 0) + backward_states + backward,
+        backward_dynamic=backward,
         weights=_weights(arch, config, p, held),
         gradients=0 if held.weights_away else trainable * 4 // held.shards,
         optimizer=0 if held.optimizer_away else trainable * 4 * ADAM_MOMENTS // held.shards,

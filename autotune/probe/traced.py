@@ -183,7 +183,7 @@ def _update_rows(trace: MemoryTrace, b: MemoryBreakdown) -> list[TraceRow]:
     update = trace.peak("update")
     if not backward or update is None:
         return []
-    dynamic = b.update_autocast_weights + b.activations + max(b.logits, b.backward_workspace)
+    dynamic = b.update_autocast_weights + b.backward_dynamic  # at the analytic model's backward moment
     rows = [
         TraceRow("backward: gathered weights", b.gathered_update, _largest(backward, "gathered")),
         TraceRow("backward: reduce-scatter", b.reduce_scatter, _largest(backward, "reduce_scatter")),
