@@ -1,4 +1,5 @@
 import contextlib
+import gc
 import io
 import json
 import os
@@ -121,6 +122,14 @@ def pytest_sessionstart(session):
     test. Build the cache once, here, before any test runs."""
     with contextlib.suppress(ImportError):
         import matplotlib.font_manager  # noqa: F401
+
+
+def pytest_collection_finish(session):
+    """What collection imported (torch, transformers, hypothesis, every test module: most of the heap) lives
+    as long as the session. Frozen, the garbage collector's full passes skip it: each one during the tests,
+    pytest's own at the end, and the interpreter's at exit scan only what the tests made."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -299,12 +308,23 @@ def verl_compose():
 def _read_once() -> Iterator[None]:
     """Hydra parses each of verl's ~30 YAML files again at every compose: half its time. The files do not
     change during a session, so each is parsed once and Hydra gets a fresh copy of it (Hydra merges into what
-    it loads); everything Hydra does with the files is unchanged."""
+    it loads); everything Hydra does with the files is unchanged. The class patched is the one Hydra resolves
+    for file:// (its plugin scan loads it a second time: the class a plain import gives is not it, and a patch
+    on that one never ran). Measured: 0.39 s a compose before, 0.23 s now; Hydra's own pkg:// files, cached
+    too, saved nothing measurable."""
+    from hydra._internal.sources_registry import SourcesRegistry
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # the scan registers the config sources
+    source = SourcesRegistry.instance().resolve("file")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(source, "load_config", _parsed_once(source.load_config))
+        yield
+
+
+def _parsed_once(parse: Callable[[Any, str], Any]) -> Callable[[Any, str], Any]:
     import copy
 
-    from hydra._internal.core_plugins.file_config_source import FileConfigSource
-
-    parse = FileConfigSource.load_config
     parsed: dict[tuple[str, str], Any] = {}
 
     def load_config(self, config_path: str):
@@ -313,6 +333,4 @@ def _read_once() -> Iterator[None]:
             parsed[key] = parse(self, config_path)
         return copy.deepcopy(parsed[key])
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(FileConfigSource, "load_config", load_config)
-        yield
+    return load_config
