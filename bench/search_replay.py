@@ -6,7 +6,8 @@ searches and a grid, with the probe noise the tables carry.
 
 Each table (bench/search_tables.py) holds every configuration of its space probed twice. As `autotune run`
 does, the replay holds the rollout batch (not a verl knob) at the hand-made config's value and replays the
-configurations with that value only (`--search-unexported`: the whole table). A replayed probe
+configurations with that value only (`--search-unexported`: the whole table, where it was measured; the
+tables of 2026-12-04 hold only the rows a study searches). A replayed probe
 of a configuration returns one of its two measurements, drawn by the seed, with the space's memory budget
 applied as a real run would (a peak above the budget is an emulated OOM: 0 samples/sec). A configuration's
 true figures are the means of its two measurements; it fits when its mean peak is within the budget less

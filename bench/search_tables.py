@@ -7,9 +7,12 @@ the pass (1, 2), the `ProbeResult`, the load average when it started and the tim
 goes through the space's grid in order, the second in reverse, so that a slow stretch of the machine does not
 fall on the same configurations twice. Probes run without a memory budget, so every peak and speed is
 measured in full; the replay (bench/search_replay.py) applies the space's budget afterwards. Resumable: rows
-already in the file are skipped. About 25-30 minutes per table on an idle 2-core machine. Probes beside other
-work on two cores run slower (a 2-rank probe lost 20-30% of its speed beside a replay, even at nice 19), so
-`--retake FILE` drops the rows measured during the listed windows and probes them again.
+already in the file are skipped. The rows are the configurations a study searches: the knobs verl has no key
+for (the rollout batch) held as `autotune run` holds them, which is what the replay reads. About 6-10 minutes
+per table on an idle 2-core machine. Probes beside other work on two cores run slower (a 2-rank probe lost
+20-30% of its speed beside a replay, even at nice 19), so `--retake FILE` drops the rows measured during the
+listed windows and probes them again. Never `git stash` a table while it is measured: the probes go on
+appending to the file git replaced, and their rows are lost.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from autotune.probe.launcher import run_probe
+from autotune.run.prepare import hold_unexported
 from autotune.space.model import SearchSpace, load_space
 from autotune.study.trials import config_key
 from bench import common
@@ -72,7 +78,9 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
 
 def measure(table: Table, passes: int) -> None:
     """Probe every configuration `passes` times, appending to the table; rows already there are kept."""
-    space = table.space(cores=2)  # the machine the tables were measured on; a fixed grid everywhere
+    # the machine the tables were measured on (a fixed grid everywhere), as `autotune run` searches it: the
+    # knobs verl has no key for held (the replay reads only these rows)
+    space = hold_unexported(table.space(cores=2), False, Console(quiet=True))
     settings = common.probe_settings(space, memory_budget_gib=None)
     done = {(row["key"], row["pass"]) for row in load_rows(table.path)}
     grid = space.grid()
