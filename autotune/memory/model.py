@@ -555,8 +555,10 @@ def _update_terms(
 ) -> dict[str, int]:
     saved, workspace, end = _training_activations(arch, config, p, passes.update)
     if passes.critic_update is not None:  # the critic's micro batch may have a budget of its own
-        critic = _training_activations(arch, config, p, passes.critic_update)
-        saved, workspace, end = max(saved, critic[0]), max(workspace, critic[1]), max(end, critic[2])
+        by_critic = _training_activations(arch, config, p, passes.critic_update)
+        saved, workspace, end = (
+            max(ours, its) for ours, its in zip((saved, workspace, end), by_critic, strict=True)
+        )
     actor, critic = _trainable_parameters(arch, config)
     # AdamW's temporaries: foreach on CUDA (sqrt of every exp_avg_sq at once), per tensor on CPU (two copies
     # of the largest tensor, the embedding or the LM head); of the local shards when sharded
