@@ -52,14 +52,12 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from rich.console import Console
 
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.budget import Budget
 from autotune.probe.contract import ProbeResult
 from autotune.report import pick
 from autotune.report.selection import best_feasible
-from autotune.run.prepare import hold_unexported
 from autotune.run.tuner import Tuner
 from autotune.search.sampler import SystemSampler
 from autotune.space.model import SearchSpace
@@ -85,7 +83,7 @@ class Truth:
     def load(cls, table: Table, search_unexported: bool = False) -> Truth:
         """The table as `autotune run` searches its space: the knobs verl does not read held at one value
         (autotune.run.prepare.hold_unexported), unless `search_unexported` (the whole table)."""
-        space = hold_unexported(table.space(cores=2), search_unexported, Console(quiet=True))
+        space = table.searched_space(search_unexported)
         wanted = {config_key(c) for c in space.grid()}
         runs: dict[str, list[dict[str, Any]]] = {}
         for row in load_rows(table.path):

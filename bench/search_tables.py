@@ -55,6 +55,12 @@ class Table:
     def space(self, cores: int | None = None) -> SearchSpace:
         return load_space(str(self.space_path), cores=cores)
 
+    def searched_space(self, search_unexported: bool = False) -> SearchSpace:
+        """The space as `autotune run` searches it on the machine the tables were measured on (a fixed grid
+        everywhere): the knobs verl has no key for held (autotune.run.prepare.hold_unexported), unless
+        `search_unexported`."""
+        return hold_unexported(self.space(cores=2), search_unexported, Console(quiet=True))
+
 
 # one rank PPO full fine-tuning; two gloo ranks with sharding choices; GRPO with LoRA and a reward model
 TABLES = (Table("ppo-1rank"), Table("sharded-2rank"), Table("grpo-lora-rm"))
@@ -78,9 +84,7 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
 
 def measure(table: Table, passes: int) -> None:
     """Probe every configuration `passes` times, appending to the table; rows already there are kept."""
-    # the machine the tables were measured on (a fixed grid everywhere), as `autotune run` searches it: the
-    # knobs verl has no key for held (the replay reads only these rows)
-    space = hold_unexported(table.space(cores=2), False, Console(quiet=True))
+    space = table.searched_space()  # the rows the replay reads
     settings = common.probe_settings(space, memory_budget_gib=None)
     done = {(row["key"], row["pass"]) for row in load_rows(table.path)}
     grid = space.grid()

@@ -145,7 +145,9 @@ def collect(out: Path, verl_python: str | None = None, only: list[str] | None = 
         print(f"{case['name']}: {seconds:.0f} s {record.get('trace_error', '')}", flush=True)
 
 
-def _rows(record: dict[str, Any]) -> list:
+def rows_of(record: dict[str, Any]) -> list:
+    """The comparison rows (`autotune.probe.traced.compare`) of one collected record: its trace against the
+    analytic terms by today's model."""
     from autotune.probe.traced import MemoryTrace, compare
 
     trace = MemoryTrace.from_dict(record["trace"])
@@ -169,7 +171,7 @@ def table(path: Path) -> None:
     traced = [r for r in records if "trace" in r]
     by_term: dict[str, list[tuple[Any, str]]] = {}
     for record in traced:
-        for row in _rows(record):
+        for row in rows_of(record):
             by_term.setdefault(row.term, []).append((row, record["name"]))
     print(f"{len(traced)} configurations traced, {len(records) - len(traced)} not traced\n")
     print("| term | median error | worst error (config: analytic vs traced GiB) | disagree |")
@@ -201,7 +203,7 @@ def peaks(path: Path) -> None:
     print("|---|" + "---|" * len(PEAKS))
     functions = set()
     for record in (r for r in records if "trace" in r):
-        rows = {row.term: row for row in _rows(record)}
+        rows = {row.term: row for row in rows_of(record)}
         cells = [
             f"{rows[t].analytic / 2**30:.2f} vs {rows[t].traced / 2**30:.2f} ({rows[t].error:+.1%})"
             if t in rows and rows[t].error is not None

@@ -5,36 +5,24 @@ sizes. The analytic side is recomputed by today's model, so a change to the mode
 from what was traced fails here, without tracing again. No probes, no traces run: a few seconds.
 """
 
-import dataclasses
 import json
 import statistics
-from pathlib import Path
 
 import pytest
 
-from autotune.config.knobs import ProbeConfig
-from autotune.memory.model import Architecture, predict_components
-from autotune.models.registry import resolve_model
-from autotune.probe.traced import MemoryTrace, compare
-
-TRACES = Path(__file__).resolve().parents[1] / "bench" / "results" / "trace.jsonl"
-PEAKS = ("scoring: peak", "backward: peak", "update: peak")
+from bench.trace import OUT, PEAKS, rows_of
 
 
 def _peak_errors() -> dict[str, dict[str, float]]:
     """{config name: {phase peak: (analytic - traced) / traced}} for every traced configuration."""
-    names = {f.name for f in dataclasses.fields(ProbeConfig)}
     errors = {}
-    for line in TRACES.read_text().splitlines():
+    for line in OUT.read_text().splitlines():
         record = json.loads(line)
-        if "trace" not in record:
-            continue
-        reward = resolve_model(record["reward"]) if record["reward"] else None
-        arch = Architecture.from_specs(resolve_model(record["model"]), reward)
-        config = ProbeConfig(**{k: v for k, v in record["config"].items() if k in names})
-        analytic = predict_components(arch, config, record["gpus"], "cuda")
-        rows = compare(MemoryTrace.from_dict(record["trace"]), analytic)
-        errors[record["name"]] = {r.term: r.error for r in rows if r.term in PEAKS and r.error is not None}
+        if "trace" in record:
+            rows = rows_of(record)
+            errors[record["name"]] = {
+                r.term: r.error for r in rows if r.term in PEAKS and r.error is not None
+            }
     return errors
 
 
