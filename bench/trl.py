@@ -1,7 +1,7 @@
 """TRL, measured by TRL where the card is too small for TRL's defaults: autotune's pick against the manual
 path a TRL user takes, and (--fidelity) the built-in probe's ranks against TRL's.
 
-    .venv/bin/python -m bench.trl [--space trl-cpu-budget] [--rounds 3] [--steps 6] [--trials 8]
+    .venv/bin/python -m bench.trl [--space trl-cpu-budget] [--rounds 5] [--steps 6] [--trials 8]
                                   [--out bench/results/trl-budget.jsonl]
     .venv/bin/python -m bench.trl --space trl-cpu-tiny --fidelity --out bench/results/trl.jsonl
 
@@ -27,7 +27,7 @@ allocator would fail there):
 of their median samples/sec (1.0: the built-in probe orders configurations as TRL does).
 
 One JSON line per measurement in `--out`, with the machine and its load, then a summary line. Needs TRL in
-.venv (`./setup.sh test` installs it). About 10 minutes on two idle cores; run it on an idle machine: other
+.venv (`./setup.sh test` installs it). About 14 minutes on two cores; run it on an idle machine: other
 work on the cores slows TRL's steps unevenly and the ratio with them.
 """
 
@@ -71,7 +71,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--space", default="trl-cpu-budget")
     parser.add_argument(
-        "--rounds", type=int, default=3, help="rounds of the pick vs the manual path's config"
+        "--rounds", type=int, default=5, help="rounds of the pick vs the manual path's config"
     )
     parser.add_argument("--steps", type=int, default=6, help="optimizer steps per TRL run")
     parser.add_argument("--trials", type=int, default=8, help="the study's trials")
