@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
 import signal
 import threading
 import time
@@ -57,7 +58,12 @@ __all__ = [
 
 class StopControl:
     """First Ctrl-C (or SIGTERM, as a scheduler or `kill` sends): finish the running probe, write the report,
-    stop. Second: kill the probe now; the study stays resumable."""
+    stop. Second: kill the probe now; the study stays resumable.
+
+    Presses are counted from the signal wakeup fd, not from handler calls: Python runs a handler once for
+    all the signals that arrived before the main thread woke (up to half a second while it waits on the
+    probe slots, measured under load), but writes a byte to the wakeup fd for each one. Two quick presses
+    are then two presses, not one."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -67,17 +73,40 @@ class StopControl:
         self.stop_reason = ""
         self.cancel = threading.Event()
         self._previous: dict[int, _SignalHandler] = {}
+        self._pipe: tuple[int, int] | None = None
+        self._previous_wakeup = -1
 
     def __enter__(self) -> StopControl:
+        self._pipe = os.pipe()
+        for end in self._pipe:
+            os.set_blocking(end, False)
+        self._previous_wakeup = signal.set_wakeup_fd(self._pipe[1], warn_on_full_buffer=False)
         self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+        signal.set_wakeup_fd(self._previous_wakeup)
+        if self._pipe is not None:
+            for end in self._pipe:
+                os.close(end)
+            self._pipe = None
+
+    def _presses(self) -> int:
+        """Stop signals delivered since the last look (at least the one being handled)."""
+        delivered = b""
+        with contextlib.suppress(BlockingIOError, OSError):
+            while self._pipe is not None and (chunk := os.read(self._pipe[0], 512)):
+                delivered += chunk
+        return max(1, sum(1 for signum in delivered if signum in self.SIGNALS))
 
     def _handle(self, signum, frame) -> None:
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        for _ in range(min(2, self._presses())):
+            self._press(name)
+
+    def _press(self, name: str) -> None:
         if self.stop_requested:
             self.cancel.set()
             self.console.print(
