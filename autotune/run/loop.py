@@ -96,7 +96,7 @@ class StopControl:
     def _presses(self) -> int:
         """Stop signals delivered since the last look (at least the one being handled)."""
         delivered = b""
-        with contextlib.suppress(BlockingIOError, OSError):
+        with contextlib.suppress(OSError):  # BlockingIOError: nothing (more) to read
             while self._pipe is not None and (chunk := os.read(self._pipe[0], 512)):
                 delivered += chunk
         return max(1, sum(1 for signum in delivered if signum in self.SIGNALS))
