@@ -74,6 +74,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     from autotune.config.lengths import JobLengths
     from autotune.models.registry import resolve_model, resolve_reward_model
     from autotune.models.tokenizer import load_tokenizer
+    from autotune.probe.rank.budget import watch_budget
     from autotune.probe.rank.measure import NvmlSampler, peak_memory, reset_peak, state_bytes
     from autotune.probe.rank.models import build_models
     from autotune.probe.rank.packing import PassPacking
@@ -101,6 +102,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     )
     models = build_models(actor_spec, reward_spec, config, device, world_size)
     reset_peak(device.type)
+    watch_budget(job, rank)
     sampler = NvmlSampler(device.index or 0) if device.type == "cuda" else None
     ctx = StepContext(
         config=config,

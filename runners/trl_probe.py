@@ -149,6 +149,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     import trl
     from trl import GRPOTrainer
 
+    from autotune.probe.rank.budget import watch_budget
     from autotune.probe.rank.measure import peak_memory, reset_peak
 
     config, settings, out_dir = ProbeConfig(**job["config"]), job["settings"], Path(job["out"])
@@ -167,6 +168,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
         callbacks=[recorder],
     )
     reset_peak(device)
+    watch_budget(job, rank)
     trainer.train()
     seconds = recorder.seconds
     if len(seconds) != rounds * steps_per_round:

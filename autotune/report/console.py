@@ -74,7 +74,7 @@ def print_probe_result(result: ProbeResult, console: Console | None = None) -> N
         table.add_row(
             "memory budget",
             _gib(result.memory_budget_bytes)
-            + (" (emulated: peak RSS compared)" if result.device == "cpu" else " (memory fraction)"),
+            + (" (emulated: peak RSS watched)" if result.device == "cpu" else " (memory fraction)"),
         )
     if result.gpu_utilization is not None:
         table.add_row("GPU utilisation", f"{result.gpu_utilization:.0f}%")

@@ -1,6 +1,7 @@
 """Inside a probe rank, imported only by the programs in runners/: models, a PPO/GRPO iteration, measures."""
 
 __all__ = [
+    "budget",
     "measure",
     "models",
     "packing",
