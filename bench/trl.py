@@ -285,13 +285,15 @@ def binding(args: argparse.Namespace, work: Path, log: Log) -> dict[str, Any]:
         raise SystemExit(f"no round ran both configs within the budget: pick {pick}, manual {hand}")
     pick, hand = [p for p in pick if p], [h for h in hand if h]
     failed = [launch for launch in manual["launches"] if launch["oom"]]
+    ratio = statistics.median(pick) / statistics.median(hand)
+    failed_minutes = sum(launch["seconds"] for launch in failed) / 60
     return {
         "budget_gib": budget / 1024**3,
         "pick": {k: v for k, v in export.items() if k != "model_name_or_path"},
         "manual": {k: v for k, v in manual["config"].items() if k != "model_name_or_path"},
         "pick_samples_per_sec": statistics.median(pick),
         "manual_samples_per_sec": statistics.median(hand),
-        "ratio": statistics.median(pick) / statistics.median(hand),
+        "ratio": ratio,
         "round_ratios": ratios,
         "peaks_gib": {name: max(r["peak_bytes"] for r in found) / 1024**3 for name, found in runs.items()},
         "search": {
@@ -303,12 +305,22 @@ def binding(args: argparse.Namespace, work: Path, log: Log) -> dict[str, Any]:
         "manual_path": {
             "launches": len(manual["launches"]),
             "failed": len(failed),
-            "failed_minutes": sum(launch["seconds"] for launch in failed) / 60,
+            "failed_minutes": failed_minutes,
             "minutes": sum(launch["seconds"] for launch in manual["launches"]) / 60,
         },
+        "break_even_minutes": break_even(search_minutes, failed_minutes, ratio),
         "defaults": failed[0] if failed else manual["launches"][0],
         "study_pick_trial": (summary.get("recommended") or {}).get("trial"),
     }
+
+
+def break_even(search_minutes: float, failed_minutes: float, ratio: float) -> float | None:
+    """Minutes of training (at the manual path's speed) after which the search has paid for itself: the
+    autotune user waits for the search, then trains at `ratio`; the manual user loses the failed launches,
+    then trains at 1 (None: the pick is not faster, so it never pays)."""
+    if ratio <= 1.0:
+        return None
+    return max(0.0, search_minutes - failed_minutes) / (1.0 - 1.0 / ratio)
 
 
 # --- --fidelity --------------------------------------------------------------------------------------------
@@ -376,6 +388,12 @@ def report(found: dict[str, Any]) -> None:
         print("the pick is the manual path's config")
     print(f"search: {s['probes']} probes, {s['minutes']:.1f} min", end="; ")
     print(f"manual path: {m['launches']} launches, {m['minutes']:.1f} min")
+    paid = g.get("break_even_minutes")
+    print(
+        f"the search pays for itself after {paid:.0f} min of training at the manual path's speed"
+        if paid is not None
+        else "the search does not pay for itself: the pick is not faster"
+    )
 
 
 def main() -> int:
