@@ -11,6 +11,14 @@ max_completion_length (`min_new_tokens`, as the other engines force full-length 
 the completions' text. The figures: seconds per generation round (a train batch of completions and the T/M
 optimizer steps it feeds), summed from TRL's own `step_time` of each optimizer step after the warm-up rounds;
 the peak resident set (CPU) or the CUDA allocator's peak, from when the trainer was built.
+
+On CPU the peak and the speed are taken in different rounds (`Rounds`). The resident set stands in for a card
+only while freed blocks leave it (`return_freed_memory`: blocks from 64 KiB get their own mappings), and
+those mappings' page faults slow TRL's rounds by about a fifth (micro batch 4 on small-llama: 6.2-7.4 s a
+round, against 5.0-5.9 s on the heap). So the warm-up and one more round (Adam's states exist only after the
+first optimizer step) run on mappings and set the peak; glibc's heap then serves the timed rounds, as under
+`trl grpo`, whose samples/sec they match. A first round on the heap measured no slower than the next ones
+(5.3-5.5 s against 5.0-5.9 s), so the heap needs no warm-up of its own.
 """
 
 from __future__ import annotations
@@ -19,12 +27,13 @@ import os
 import platform
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.config.knobs import ProbeConfig, mini_batch_size
 from autotune.probe.conditions import CpuWindow
-from autotune.probe.rank.process import return_freed_memory, run_rank
+from autotune.probe.rank.process import return_freed_memory, run_rank, serve_from_heap
 from autotune.status import Status
 
 # Nothing is fetched from a model hub: the model is a local folder, and TRL's start-up telemetry would wait on
@@ -96,10 +105,41 @@ def text_reward(completions: list[str], **_: Any) -> list[float]:
     return [float(sum(map(ord, text)) % 97) / 97.0 for text in completions]
 
 
-def step_recorder(warmup_steps: int):
+@dataclass(frozen=True)
+class Rounds:
+    """The probe's generation rounds: untimed ones, then the timed ones. On CPU the untimed rounds are the
+    warm-up and one more, on mappings: they set the peak. The timed rounds run on the heap. On CUDA the
+    untimed rounds are the warm-up; the allocator's peak is over every round."""
+
+    warmup: int
+    iterations: int
+    steps_per_round: int
+    cpu: bool
+
+    @property
+    def untimed(self) -> int:
+        return self.warmup + 1 if self.cpu else self.warmup
+
+    @property
+    def total(self) -> int:
+        return self.untimed + self.iterations
+
+    def per_round(self, step_seconds: list[float]) -> tuple[list[float], list[float]]:
+        """(untimed, timed) seconds per round from TRL's step times, in step order."""
+        each = self.steps_per_round
+        rounds = [sum(step_seconds[i : i + each]) for i in range(0, len(step_seconds), each)]
+        return rounds[: self.untimed], rounds[self.untimed :]
+
+
+def step_recorder(rounds: Rounds):
     """A TrainerCallback that keeps TRL's `step_time` of every optimizer step and this rank's CPU window over
-    the steps after the warm-up."""
+    the timed steps. On CPU, after the untimed rounds, it takes the peak, ends the budget's watch (`watch`:
+    the event `watch_budget` returned) and hands the allocations to the heap."""
     from transformers import TrainerCallback
+
+    from autotune.probe.rank.measure import peak_memory
+
+    timed_from = rounds.untimed * rounds.steps_per_round
 
     class StepTimes(TrainerCallback):
         def __init__(self) -> None:
@@ -107,10 +147,18 @@ def step_recorder(warmup_steps: int):
             self.tokens: list[float] = []
             self.window: CpuWindow | None = None
             self.cpu: dict[str, Any] | None = None
+            self.peak: dict[str, Any] | None = None
+            self.watch: Any = None
 
         def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == warmup_steps:
-                self.window = CpuWindow()
+            if state.global_step != timed_from:
+                return
+            if rounds.cpu:
+                self.peak = peak_memory("cpu", None)
+                if self.watch is not None:
+                    self.watch.set()
+                serve_from_heap()
+            self.window = CpuWindow()
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "step_time" in logs:
@@ -154,31 +202,31 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
 
     config, settings, out_dir = ProbeConfig(**job["config"]), job["settings"], Path(job["out"])
     device = setup_device(settings)
-    rounds = settings["warmup_iterations"] + settings["iterations"]
     steps_per_round = config.train_batch_size // mini_batch_size(config, world_size)
+    rounds = Rounds(settings["warmup_iterations"], settings["iterations"], steps_per_round, device == "cpu")
+    steps = rounds.total * steps_per_round
     path, tokenizer = model_folder(settings, out_dir, rank)
-    recorder = step_recorder(settings["warmup_iterations"] * steps_per_round)
+    recorder = step_recorder(rounds)
     trainer = GRPOTrainer(
         model=path,
         reward_funcs=text_reward,
-        args=grpo_args(job, out_dir, rounds * steps_per_round, device),
-        train_dataset=prompt_dataset(tokenizer, config, settings["seed"], rounds),
+        args=grpo_args(job, out_dir, steps, device),
+        train_dataset=prompt_dataset(tokenizer, config, settings["seed"], rounds.total),
         processing_class=tokenizer,
         peft_config=peft_config(job["trl"]["peft"]),
         callbacks=[recorder],
     )
     reset_peak(device)
-    watch_budget(job, rank)
+    recorder.watch = watch_budget(job, rank)
     trainer.train()
     seconds = recorder.seconds
-    if len(seconds) != rounds * steps_per_round:
-        raise RuntimeError(f"TRL logged {len(seconds)} step times, not {rounds * steps_per_round}")
-    per_round = [sum(seconds[i : i + steps_per_round]) for i in range(0, len(seconds), steps_per_round)]
-    warmup = settings["warmup_iterations"]
+    if len(seconds) != steps:
+        raise RuntimeError(f"TRL logged {len(seconds)} step times, not {steps}")
+    untimed, timed = rounds.per_round(seconds)
     return {
         "status": Status.OK,
-        "timing": {"warmup": per_round[:warmup], "iterations": per_round[warmup:], "phases": {}},
-        "peak": peak_memory(device, None),
+        "timing": {"warmup": untimed, "iterations": timed, "phases": {}},
+        "peak": recorder.peak or peak_memory(device, None),
         "environment": {
             "python": platform.python_version(),
             "torch": torch.__version__,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +29,19 @@ __all__ = ["WATCH_SECONDS", "over_budget_result", "watch_budget"]
 WATCH_SECONDS = 0.05  # the high-water mark misses no transient; this only bounds how late the stop comes
 
 
-def watch_budget(job: dict[str, Any], rank: int) -> threading.Thread | None:
-    """Start the watch for a CPU rank whose job has a memory budget (None where there is nothing to watch:
-    on CUDA the caching allocator enforces the budget as a memory fraction)."""
+def watch_budget(job: dict[str, Any], rank: int) -> threading.Event | None:
+    """Start the watch for a CPU rank whose job has a memory budget; setting the event it returns ends it.
+    None where there is nothing to watch: on CUDA the caching allocator enforces the budget (a fraction)."""
     settings = job["settings"]
     budget_gib = settings.get("memory_budget_gib")
     if settings["device"] == "cuda" or not budget_gib:
         return None
-    budget_bytes, out_dir = int(budget_gib * GIB), Path(job["out"])
+    budget_bytes, out_dir, done = int(budget_gib * GIB), Path(job["out"]), threading.Event()
     thread = threading.Thread(
-        target=_watch, args=(budget_bytes, rank, out_dir), name="autotune-budget-watch", daemon=True
+        target=_watch, args=(budget_bytes, rank, out_dir, done), name="autotune-budget-watch", daemon=True
     )
     thread.start()
-    return thread
+    return done
 
 
 def over_budget_result(peak_bytes: int, budget_bytes: int) -> dict[str, Any]:
@@ -57,9 +56,10 @@ def over_budget_result(peak_bytes: int, budget_bytes: int) -> dict[str, Any]:
     }
 
 
-def _watch(budget_bytes: int, rank: int, out_dir: Path) -> None:
+def _watch(budget_bytes: int, rank: int, out_dir: Path, done: threading.Event) -> None:
     while (peak := peak_rss_bytes()) <= budget_bytes:
-        time.sleep(WATCH_SECONDS)
+        if done.wait(WATCH_SECONDS):
+            return
     result = over_budget_result(peak, budget_bytes)
     write_result(out_dir, rank, result)
     print(f"rank {rank}: out of memory: {result['message']}", file=sys.stderr, flush=True)

@@ -23,7 +23,17 @@ from typing import Any
 from autotune.probe.contract import MMAP_THRESHOLD, OOM_EXIT_CODE, PARENT_VARIABLE
 from autotune.status import Status
 
-__all__ = ["die_with_parent", "is_out_of_memory", "return_freed_memory", "run_rank", "write_result"]
+__all__ = [
+    "HEAP_MMAP_THRESHOLD",
+    "die_with_parent",
+    "is_out_of_memory",
+    "return_freed_memory",
+    "run_rank",
+    "serve_from_heap",
+    "write_result",
+]
+
+HEAP_MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: its dynamic rule's cap
 
 Measure = Callable[[dict[str, Any], int, int], dict[str, Any]]
 
@@ -81,6 +91,20 @@ def return_freed_memory() -> None:
     m_mmap_threshold = -3
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).mallopt(m_mmap_threshold, MMAP_THRESHOLD)
+
+
+def serve_from_heap() -> None:
+    """Undo `return_freed_memory` for a process's timed rounds: glibc's heap again, with the thresholds its
+    own dynamic rule reaches on a process that frees large blocks (mappings from 32 MiB, the heap's top
+    trimmed past twice that), so the rounds run at the trainer's own speed (page faults for every freed
+    block cost TRL about a quarter of it on CPU)."""
+    import ctypes
+
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None)
+        libc.mallopt(m_mmap_threshold, HEAP_MMAP_THRESHOLD)
+        libc.mallopt(m_trim_threshold, 2 * HEAP_MMAP_THRESHOLD)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
