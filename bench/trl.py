@@ -249,10 +249,12 @@ def in_turn(
     budget: float,
     log: Log,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Each config trained by `trl grpo` in turn for `rounds` rounds, under the budget watch."""
+    """Each config trained by `trl grpo` in turn for `rounds` rounds, under the budget watch; the order turns
+    every round (AB, BA, ...), so a drift of the machine's speed within a round favours neither."""
     found: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     for round_ in range(args.rounds):
-        for name, path in configs.items():
+        order = list(configs.items()) if round_ % 2 == 0 else list(reversed(configs.items()))
+        for name, path in order:
             run = trl_run(path, paths["data"], paths["work"], args.steps, budget)
             speed = None if run["oom"] else samples_per_sec(run["step_seconds"], mini, warmup=1)
             figures = {"samples_per_sec": speed, **run_figures(run), "load": os.getloadavg()[0]}
@@ -287,6 +289,7 @@ def binding(args: argparse.Namespace, work: Path, log: Log) -> dict[str, Any]:
     failed = [launch for launch in manual["launches"] if launch["oom"]]
     ratio = statistics.median(pick) / statistics.median(hand)
     failed_minutes = sum(launch["seconds"] for launch in failed) / 60
+    same = same_config(export, manual["config"])
     return {
         "budget_gib": budget / 1024**3,
         "pick": {k: v for k, v in export.items() if k != "model_name_or_path"},
@@ -308,10 +311,18 @@ def binding(args: argparse.Namespace, work: Path, log: Log) -> dict[str, Any]:
             "failed_minutes": failed_minutes,
             "minutes": sum(launch["seconds"] for launch in manual["launches"]) / 60,
         },
-        "break_even_minutes": break_even(search_minutes, failed_minutes, ratio),
+        "same_config": same,  # then the ratio is trl grpo's own noise between two runs of one config
+        "break_even_minutes": None if same else break_even(search_minutes, failed_minutes, ratio),
         "defaults": failed[0] if failed else manual["launches"][0],
         "study_pick_trial": (summary.get("recommended") or {}).get("trial"),
     }
+
+
+def same_config(export: dict[str, Any], manual: dict[str, Any]) -> bool:
+    """Whether the pick is the manual path's config (which leaves checkpointing and the loader at TRL's
+    defaults: on, no worker)."""
+    filled = {**manual, "activation_checkpointing": True, "dataloader_num_workers": 0}
+    return all(filled.get(key) == value for key, value in export.items())
 
 
 def break_even(search_minutes: float, failed_minutes: float, ratio: float) -> float | None:
@@ -381,18 +392,15 @@ def report(found: dict[str, Any]) -> None:
         f"(TRL's step_time); ratio {g['ratio']:.2f}x (rounds: {rounds})"
     )
     s, m = g["search"], g["manual_path"]
-    if (
-        g["pick"].items()
-        <= {**g["manual"], "activation_checkpointing": True, "dataloader_num_workers": 0}.items()
-    ):
-        print("the pick is the manual path's config")
+    if g.get("same_config"):
+        print("the pick is the manual path's config: the ratio is trl grpo's own noise between two runs")
     print(f"search: {s['probes']} probes, {s['minutes']:.1f} min", end="; ")
     print(f"manual path: {m['launches']} launches, {m['minutes']:.1f} min")
     paid = g.get("break_even_minutes")
     print(
         f"the search pays for itself after {paid:.0f} min of training at the manual path's speed"
         if paid is not None
-        else "the search does not pay for itself: the pick is not faster"
+        else "the search does not pay for itself in speed: the pick is not faster"
     )
 
 
