@@ -102,7 +102,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     )
     models = build_models(actor_spec, reward_spec, config, device, world_size)
     reset_peak(device.type)
-    watch_budget(job, rank)
+    watch = watch_budget(job, rank)
     sampler = NvmlSampler(device.index or 0) if device.type == "cuda" else None
     ctx = StepContext(
         config=config,
@@ -128,6 +128,8 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
         sampler.measuring(True)
     window = CpuWindow()  # what other work took of the machine while these iterations were measured
     measured = [iteration(models, ctx, batches, generator) for _ in range(settings["iterations"])]
+    if watch is not None:  # done: a peak past the budget in the watch's last 50 ms is the parent's to judge
+        watch.set()
     packing = {name: _per_iteration(p, len(measured)) for name, p in ctx.packing.items()}
     cpu = window.stop()
     utilization = sampler.stop() if sampler else None

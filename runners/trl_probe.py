@@ -9,8 +9,9 @@ GRPOConfig and ModelConfig fields exactly as the export writes them) and writes
 What it runs: GRPOTrainer on prompts of about max_prompt_length tokens, completions forced to
 max_completion_length (`min_new_tokens`, as the other engines force full-length responses), and a reward of
 the completions' text. The figures: seconds per generation round (a train batch of completions and the T/M
-optimizer steps it feeds), summed from TRL's own `step_time` of each optimizer step after the warm-up rounds;
-the peak resident set (CPU) or the CUDA allocator's peak, from when the trainer was built.
+optimizer steps it feeds), summed from TRL's own `step_time` of each optimizer step of the timed rounds;
+the CUDA allocator's peak from when the trainer was built, or on CPU the peak resident set of the rounds
+before the timed ones (below).
 
 On CPU the peak and the speed are taken in different rounds (`Rounds`). The resident set stands in for a card
 only while freed blocks leave it (`return_freed_memory`: blocks from 64 KiB get their own mappings), and
@@ -118,7 +119,8 @@ class Rounds:
 
     @property
     def untimed(self) -> int:
-        return self.warmup + 1 if self.cpu else self.warmup
+        # on CPU at least two: the peak needs a round after the first optimizer step (Adam's states)
+        return max(self.warmup, 1) + 1 if self.cpu else self.warmup
 
     @property
     def total(self) -> int:
@@ -164,6 +166,10 @@ def step_recorder(rounds: Rounds):
             if logs and "step_time" in logs:
                 self.seconds.append(float(logs["step_time"]))
                 self.tokens.append(float(logs.get("num_tokens", 0.0)))
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if timed_from == 0:  # no untimed round (CUDA without a warm-up): every step is timed
+                self.window = CpuWindow()
 
         def on_train_end(self, args, state, control, **kwargs):
             self.cpu = self.window.stop() if self.window is not None else None

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -57,3 +58,23 @@ def test_the_result_says_where_the_wall_was():
     result = over_budget_result(int(1.25 * GIB), GIB)
     assert result["peak"]["bytes"] == int(1.25 * GIB)
     assert result["message"].startswith("peak 1.250 GiB passed the emulated budget 1.000 GiB")
+
+
+def test_a_watch_ended_while_it_reads_writes_nothing(tmp_path, monkeypatch):
+    """The rank ended the watch (the timed rounds begin) while it read a peak past the budget: that peak may
+    be from after the rounds it watches, so no OOM is written and the process goes on."""
+    from autotune.probe.rank import budget
+
+    done = threading.Event()
+
+    def read_then_end() -> int:
+        done.set()
+        return 2 * GIB
+
+    def stopped(code: int) -> None:
+        raise AssertionError(f"the watch stopped the rank (exit {code})")
+
+    monkeypatch.setattr(budget, "peak_rss_bytes", read_then_end)
+    monkeypatch.setattr(budget.os, "_exit", stopped)  # what would end the rank ends only this test
+    budget._watch(GIB, 0, tmp_path, done)
+    assert not list(tmp_path.iterdir())

@@ -15,3 +15,8 @@ def test_on_cuda_only_the_warm_up_is_untimed():
     rounds = Rounds(warmup=1, iterations=2, steps_per_round=1, cpu=False)
     assert rounds.untimed == 1 and rounds.total == 3
     assert rounds.per_round([1.0, 2.0, 3.0]) == ([1.0], [2.0, 3.0])
+
+
+def test_on_cpu_without_a_warm_up_two_rounds_still_set_the_peak():
+    rounds = Rounds(warmup=0, iterations=2, steps_per_round=1, cpu=True)
+    assert rounds.untimed == 2 and rounds.total == 4

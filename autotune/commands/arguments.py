@@ -96,7 +96,7 @@ def add_device_arguments(parser: argparse.ArgumentParser, override: bool = False
         type=GIB,
         metavar="GIB",
         help="per-rank memory budget in GiB: on CUDA a per-process memory fraction emulates a "
-        "smaller card (a real OOM); on CPU the peak RSS is compared (an emulated OOM)"
+        "smaller card (a real OOM); on CPU a rank stops where its peak RSS passes it (an emulated OOM)"
         + ("; default: the space's, else the device's memory" if override else ""),
     )
 

@@ -58,13 +58,14 @@ def classify(
             return Status.CRASHED, None, f"rank {rank}: exited 0 without a readable result"
     if budget_bytes is not None and peak_bytes > budget_bytes and device != "cuda":
         # On CUDA the budget is enforced by the allocator (a per-process memory fraction): only a real
-        # OOM counts there. On CPU nothing enforces it, so the peak RSS is compared here, and said so.
+        # OOM counts there. On CPU each rank's watch stops it past the budget (probe/rank/budget.py); a
+        # peak that passed it after the watch's last look, or where no watch ran, is caught here.
         return (
             Status.OOM,
             "emulated",
             (
                 f"peak {peak_bytes / GIB:.3f} GiB is above the emulated budget {budget_bytes / GIB:.3f} GiB "
-                "(peak RSS compared after the run; no allocator enforced it)"
+                "(peak RSS compared after the rounds; no allocator enforced it)"
             ),
         )
     return Status.OK, None, ""

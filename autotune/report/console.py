@@ -21,10 +21,11 @@ def probing(config: ProbeConfig, settings: ProbeSettings) -> Iterator[None]:
     """Say on stderr what the probe is doing while it runs (a minute of silence reads as a hang); a spinner
     with the elapsed time on a terminal, one line otherwise. stdout stays free for --json."""
     console = Console(stderr=True)
+    peak_round = " and 1 that sets the peak" if settings.engine == "trl" and settings.device != "cuda" else ""
     what = (
         f"probing {short_config(config)} on {settings.device} × {settings.world_size}: start-up, "
-        f"{settings.warmup_iterations} warm-up and {settings.iterations} measured iteration(s), at most "
-        f"{settings.timeout_seconds:.0f} s"
+        f"{settings.warmup_iterations} warm-up{peak_round} and {settings.iterations} measured iteration(s), "
+        f"at most {settings.timeout_seconds:.0f} s"
     )
     if not console.is_terminal:
         console.print(what, markup=False, highlight=False, soft_wrap=True)

@@ -157,7 +157,8 @@ def announce_trl(trl_python: str | None, console: Console) -> None:
 
     version = check_trl_python(trl_python)
     console.print(
-        f"probing with TRL {version}: each trial runs TRL's GRPOTrainer for the warm-up and measured rounds; "
+        f"probing with TRL {version}: each trial runs TRL's GRPOTrainer for the warm-up (on CPU, and one "
+        f"more round that sets the peak) and the measured rounds; "
         f"samples/sec from TRL's own step_time",
         markup=False,
         highlight=False,

@@ -60,6 +60,8 @@ def _watch(budget_bytes: int, rank: int, out_dir: Path, done: threading.Event) -
     while (peak := peak_rss_bytes()) <= budget_bytes:
         if done.wait(WATCH_SECONDS):
             return
+    if done.is_set():  # ended while it read: that peak may be from after the rounds it watches
+        return
     result = over_budget_result(peak, budget_bytes)
     write_result(out_dir, rank, result)
     print(f"rank {rank}: out of memory: {result['message']}", file=sys.stderr, flush=True)

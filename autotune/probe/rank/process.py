@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -75,9 +76,10 @@ def oom_result(exc: BaseException, device: str) -> dict[str, Any]:
 
 
 def write_result(out_dir: Path, rank: int, result: dict[str, Any]) -> None:
-    """Atomic write, so the parent never reads half a result."""
+    """Atomic write, so the parent never reads half a result; each thread writes its own temporary file (the
+    budget's watch writes from its own)."""
     path = out_dir / f"result.rank{rank}.json"
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f"{path.stem}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(result))
     os.replace(tmp, path)
 
@@ -97,7 +99,7 @@ def serve_from_heap() -> None:
     """Undo `return_freed_memory` for a process's timed rounds: glibc's heap again, with the thresholds its
     own dynamic rule reaches on a process that frees large blocks (mappings from 32 MiB, the heap's top
     trimmed past twice that), so the rounds run at the trainer's own speed (page faults for every freed
-    block cost TRL about a quarter of it on CPU)."""
+    block cost TRL about a fifth of it on CPU)."""
     import ctypes
 
     m_trim_threshold, m_mmap_threshold = -1, -3
