@@ -397,11 +397,10 @@ def report(found: dict[str, Any]) -> None:
     print(f"search: {s['probes']} probes, {s['minutes']:.1f} min", end="; ")
     print(f"manual path: {m['launches']} launches, {m['minutes']:.1f} min")
     paid = g.get("break_even_minutes")
-    print(
-        f"the search pays for itself after {paid:.0f} min of training at the manual path's speed"
-        if paid is not None
-        else "the search does not pay for itself in speed: the pick is not faster"
-    )
+    if paid is not None:
+        print(f"the search pays for itself after {paid:.0f} min of training at the manual path's speed")
+    elif not g.get("same_config"):
+        print("the search does not pay for itself in speed: the pick is not faster")
 
 
 def main() -> int:
