@@ -28,13 +28,13 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.config.knobs import ProbeConfig, mini_batch_size
 from autotune.probe.conditions import CpuWindow
 from autotune.probe.rank.process import return_freed_memory, run_rank, serve_from_heap
+from autotune.probe.trl import Rounds
 from autotune.status import Status
 
 # Nothing is fetched from a model hub: the model is a local folder, and TRL's start-up telemetry would wait on
@@ -104,33 +104,6 @@ def prompt_dataset(tokenizer: Any, config: ProbeConfig, seed: int, rounds: int):
 def text_reward(completions: list[str], **_: Any) -> list[float]:
     """A reward that differs between a prompt's completions (so the advantages are not all zero)."""
     return [float(sum(map(ord, text)) % 97) / 97.0 for text in completions]
-
-
-@dataclass(frozen=True)
-class Rounds:
-    """The probe's generation rounds: untimed ones, then the timed ones. On CPU the untimed rounds are the
-    warm-up and one more, on mappings: they set the peak. The timed rounds run on the heap. On CUDA the
-    untimed rounds are the warm-up; the allocator's peak is over every round."""
-
-    warmup: int
-    iterations: int
-    steps_per_round: int
-    cpu: bool
-
-    @property
-    def untimed(self) -> int:
-        # on CPU at least two: the peak needs a round after the first optimizer step (Adam's states)
-        return max(self.warmup, 1) + 1 if self.cpu else self.warmup
-
-    @property
-    def total(self) -> int:
-        return self.untimed + self.iterations
-
-    def per_round(self, step_seconds: list[float]) -> tuple[list[float], list[float]]:
-        """(untimed, timed) seconds per round from TRL's step times, in step order."""
-        each = self.steps_per_round
-        rounds = [sum(step_seconds[i : i + each]) for i in range(0, len(step_seconds), each)]
-        return rounds[: self.untimed], rounds[self.untimed :]
 
 
 def step_recorder(rounds: Rounds):

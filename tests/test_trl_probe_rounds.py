@@ -1,8 +1,8 @@
-"""Which rounds of a TRL probe set the peak and which are timed (runners/trl_probe.py, `Rounds`)."""
+"""Which rounds of a TRL probe set the peak and which are timed (autotune.probe.trl.Rounds)."""
 
 from __future__ import annotations
 
-from autotune.runners.trl_probe import Rounds
+from autotune.probe.trl import Rounds
 
 
 def test_on_cpu_the_warm_up_and_one_more_round_set_the_peak_before_the_timed_rounds():

@@ -13,6 +13,7 @@ limit, the same result files and classification). The job carries the GRPOConfig
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,40 @@ from autotune.formats.trl import TRL_VERSION, trl_fields
 from autotune.probe.contract import ProbeSettings
 from autotune.probe.environment import last_line
 
-__all__ = ["INSTALL", "check_trl_python", "trl_job", "trl_python"]
+__all__ = ["INSTALL", "Rounds", "check_trl_python", "trl_job", "trl_python"]
+
 
 # What to install where: TRL, and autotune beside it (the probe program imports autotune's rank helpers).
 INSTALL = f'trl=={TRL_VERSION} and autotune in that environment (from a checkout: pip install ".[trl]")'
 # Run with the environment's python: TRL's version, and that autotune (the probe program's helpers) imports.
 PROBE = "import trl, autotune.probe.rank.process; print(trl.__version__)"
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """A TRL probe's generation rounds (runners/trl_probe.py): untimed ones, then the timed ones. On CPU the
+    untimed rounds are the warm-up and one more, on mappings: they set the peak. The timed rounds run on the
+    heap. On CUDA the untimed rounds are the warm-up; the allocator's peak is over every round."""
+
+    warmup: int
+    iterations: int
+    steps_per_round: int
+    cpu: bool
+
+    @property
+    def untimed(self) -> int:
+        # on CPU at least two: the peak needs a round after the first optimizer step (Adam's states)
+        return max(self.warmup, 1) + 1 if self.cpu else self.warmup
+
+    @property
+    def total(self) -> int:
+        return self.untimed + self.iterations
+
+    def per_round(self, step_seconds: list[float]) -> tuple[list[float], list[float]]:
+        """(untimed, timed) seconds per round from TRL's step times, in step order."""
+        each = self.steps_per_round
+        rounds = [sum(step_seconds[i : i + each]) for i in range(0, len(step_seconds), each)]
+        return rounds[: self.untimed], rounds[self.untimed :]
 
 
 def trl_python(settings: ProbeSettings) -> str:

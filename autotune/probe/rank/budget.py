@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.probe.contract import OOM_EXIT_CODE
-from autotune.probe.rank.measure import peak_rss_bytes
+from autotune.probe.rank.measure import peak_rss_bytes, rss_peak
 from autotune.probe.rank.process import write_result
 from autotune.status import Status
 from autotune.units import GIB
@@ -52,7 +52,7 @@ def over_budget_result(peak_bytes: int, budget_bytes: int) -> dict[str, Any]:
             f"peak {peak_bytes / GIB:.3f} GiB passed the emulated budget {budget_bytes / GIB:.3f} GiB "
             "(peak RSS watched; the rank stopped there, as an allocator fails)"
         ),
-        "peak": {"bytes": peak_bytes, "source": "rss", "rss_bytes": peak_bytes},
+        "peak": rss_peak(peak_bytes),
     }
 
 

@@ -13,7 +13,7 @@ import threading
 from contextlib import suppress
 from typing import Any
 
-__all__ = ["NvmlSampler", "peak_memory", "peak_rss_bytes", "reset_peak", "state_bytes"]
+__all__ = ["NvmlSampler", "peak_memory", "peak_rss_bytes", "reset_peak", "rss_peak", "state_bytes"]
 
 
 def peak_rss_bytes() -> int:
@@ -126,11 +126,15 @@ class NvmlSampler:
         return sum(self._utilization) / len(self._utilization) if self._utilization else None
 
 
+def rss_peak(peak_bytes: int) -> dict[str, Any]:
+    """A CPU rank's peak as results carry it: its resident set's high-water mark."""
+    return {"bytes": peak_bytes, "source": "rss", "rss_bytes": peak_bytes}
+
+
 def peak_memory(device: str, sampler: NvmlSampler | None) -> dict[str, Any]:
     """This rank's peak: CUDA allocator peaks plus NVML's device figure, or the peak RSS on CPU."""
     if device != "cuda":
-        peak = peak_rss_bytes()
-        return {"bytes": peak, "source": "rss", "rss_bytes": peak}
+        return rss_peak(peak_rss_bytes())
     import torch
 
     reserved = int(torch.cuda.max_memory_reserved())
