@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -476,7 +477,7 @@ def print_result(result: CheckResult) -> None:
     model = f"{t.model}" + (f" (reward {t.reward_model})" if t.reward_model else "")
     layout = t.sharding_label + (f" ({ASSUMED})" if t.layout_assumed else "")
     print(
-        f"autotune check {result.path}: {t.kind}; model {model}; {result.gpus} GPU(s)"
+        f"autotune check {shlex.quote(result.path)}: {t.kind}; model {model}; {result.gpus} GPU(s)"
         f"{'; ' + result.card if result.card else ''}; {layout}"
     )
     for f in result.findings:

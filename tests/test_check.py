@@ -268,6 +268,7 @@ GSM8K_LIKE = (
         "ppo_trainer/run_qwen2-7b_seq_balance.sh",  # Qwen2-7B PPO, dynamic batch size, 4096/4096
     ],
 )
+@pytest.mark.e2e  # bash reads the script
 def test_verls_examples_fit_their_stated_hardware_on_gsm8k_like_data(script):
     """verl's example scripts (verl's main branch at b178a3cd5, version 0.8.0.dev: the PPO ones name keys
     verl 0.9.1 no longer has, which is all that is wrong with them) on the 80 GiB cards they ran on, with
@@ -281,6 +282,7 @@ def test_verls_examples_fit_their_stated_hardware_on_gsm8k_like_data(script):
     assert memory["at_max_lengths"]["verdict"] in ("fits", "tight")  # never "over": they ran
 
 
+@pytest.mark.e2e  # bash reads the script
 def test_verls_grpo_example_fits_its_stated_hardware_on_its_data():
     """examples/grpo_trainer/run_qwen2-7b.sh: Qwen2-7B GRPO on 8 × 80 GiB,
     micro batch 40, limits 512/1024. verl packs: a micro batch costs its samples' tokens, not 40 × 1536."""
@@ -305,6 +307,7 @@ def test_verls_grpo_example_fits_its_stated_hardware_on_its_data():
     assert report["memory"]["lengths_used"] == "prompts at the limit 512, responses at the limit 1024"
 
 
+@pytest.mark.e2e  # bash reads the script
 def test_verls_dynamic_batch_example_is_bounded_by_its_budgets():
     """examples/ppo_trainer/run_qwen2-7b_seq_balance.sh: PPO with use_dynamic_bsz, budgets 24000 tokens
     (actor, rollout and reference), limits 4096/4096. At the limits a micro batch holds the whole sequences

@@ -191,7 +191,7 @@ def test_the_gain_is_measured_in_turn_and_the_headline_is_the_mean_of_every_meas
     verl = summary["gain"][0]["verl"]
     assert verl == {"ratio": 2.2, "low": 1.6667, "high": 3.0, "beyond_noise": True}
     assert summary["gain"][0]["probe_only"] is None
-    assert result.messages[-1].startswith("  python -m verl.trainer.main_ppo $(cat /")  # the command last
+    assert result.messages[-1].startswith("  mapfile -t overrides < /")  # the command last
 
 
 def _probe_by(speeds: dict[tuple[int, int], list[float]], order: list[tuple[int, int]]):

@@ -10,7 +10,7 @@ import pytest
 
 from autotune.errors import UserError
 from autotune.formats import verl_schema
-from autotune.formats.launch_script import script_overrides
+from autotune.formats.launch_script import read_launch_script
 from autotune.formats.verl import AR, need_critic, need_reference, override_lines, read_overrides
 from tests.conftest import REPO
 
@@ -116,10 +116,11 @@ def test_override_lines_read_as_hydra_composes_them(verl_compose, name):
     assert (need_critic(values), need_reference(values)) == verls_critic_and_reference(hydra)
 
 
+@pytest.mark.e2e  # bash reads the script
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_verls_example_scripts_read_as_hydra_composes_their_arguments(verl_compose, path):
-    lines, notes = script_overrides(path.read_text(), str(path))
-    words = [line.text for line in lines]
+    read_script = read_launch_script(path, str(path))
+    words, notes = [line.text for line in read_script.lines], read_script.notes
     hydra = hydra_view(verl_compose, words)
     values, refused = read(path.read_text())
     if hydra is None:  # some examples are newer than 0.9.1: keys 0.9.1 lacks, which autotune names
@@ -157,15 +158,6 @@ def test_override_lines_keep_their_numbers():
         ),
         ("data.max_prompt_length=\n", "corpus:1: 'data.max_prompt_length=': an empty value"),
         ("data.max_prompt_length=[1,\n", "corpus:1: 'data.max_prompt_length=[1,' is not a Hydra override"),
-        (
-            "python3 -m verl.trainer.main_ppo \\\n  data.max_prompt_length=$LEN \\\n  trainer.nnodes=1\n",
-            "corpus:2: data.max_prompt_length: $LEN is not set by the script",
-        ),
-        ("python3 -m verl.trainer.main_ppo \\\n  data.max_prompt_length=4 \\\n", "corpus:2: "),
-        (
-            "python3 -m verl.trainer.main_ppo \\\n  data.max_prompt_length=4 \\\n\n  trainer.nnodes=1\n",
-            "line 3 is empty: the command ends there",
-        ),
     ],
 )
 def test_bad_input_is_one_line_naming_the_line_and_the_value(text, said):
@@ -174,7 +166,10 @@ def test_bad_input_is_one_line_naming_the_line_and_the_value(text, said):
     assert said in str(caught.value) and "\n" not in str(caught.value)
 
 
-def test_a_launch_script_expands_only_what_it_assigns():
+@pytest.mark.e2e  # bash reads the script
+def test_a_launch_script_is_read_as_bash_expands_it(monkeypatch):
+    monkeypatch.setenv("HOME", "/home/user")
+    monkeypatch.delenv("BATCH", raising=False)
     text = (
         "set -x\nexport LEN=1024\nBATCH=${BATCH:-64}\nMODEL=$HOME/models/qwen\n"
         "python3 -m verl.trainer.main_ppo \\\n"
@@ -183,17 +178,23 @@ def test_a_launch_script_expands_only_what_it_assigns():
         "    data.train_files=$HOME/data/train.parquet \\\n"
         "    'trainer.project_name=$LEN' $@\n"
     )
-    lines, notes = script_overrides(text, "run.sh")
-    assert [(line.number, line.text) for line in lines][:2] == [
-        (6, "data.max_prompt_length=1024"),
-        (7, "data.train_batch_size=64"),
-    ]
-    assert lines[3].text == "trainer.project_name=$LEN"  # single quotes: bash expands nothing
-    assert any("data.train_files: $HOME" in note for note in notes)
-    with pytest.raises(
-        UserError, match=r"run.sh:6: actor_rollout_ref.model.path: \$MODEL \(its value uses \$HOME"
-    ):
-        script_overrides(text.replace("data.max_prompt_length=$LEN", f"{AR}.model.path=$MODEL"), "run.sh")
+    target = read_overrides(text, where="run.sh")
+    assert target.overrides["data.max_prompt_length"] == 1024
+    assert target.overrides["data.train_batch_size"] == 64
+    assert target.overrides["data.train_files"] == "/home/user/data/train.parquet"  # the user's HOME
+    assert target.overrides["trainer.project_name"] == "$LEN"  # single quotes: bash expands nothing
+    assert any('run.sh:5: "$@"' in f.problem for f in target.findings)
+    with pytest.raises(UserError, match=r"run.sh:6: data.max_prompt_length is empty where bash runs it"):
+        read_overrides(text.replace("=$LEN \\", "=$UNSET_LEN \\"), where="run.sh")
+
+
+@pytest.mark.e2e  # bash reads the script
+def test_an_override_cut_off_from_the_command_is_said():
+    text = "python3 -m verl.trainer.main_ppo \\\n  data.max_prompt_length=4 \\\n\n  trainer.nnodes=1\n"
+    target = read_overrides(text, where="run.sh")
+    assert target.overrides["data.max_prompt_length"] == 4 and "trainer.nnodes" not in target.overrides
+    said = "run.sh:4: trainer.nnodes=1 runs as a command of its own"
+    assert any(said in f.problem for f in target.findings)
 
 
 @pytest.mark.e2e

@@ -1,8 +1,10 @@
 """The files autotune writes and reads back: the seed schema (best_config.yaml), verl overrides and launch
-scripts (read by Hydra's own parser, against verl 0.9.1's schema) and TRL's trl_config.yaml (read by TRL's
-own parser, or by the same rules over its shipped schema)."""
+scripts (bash evaluates a script, Hydra's own parser reads the overrides, against verl 0.9.1's schema), TRL's
+trl_config.yaml (read by TRL's own parser, or by the same rules over its shipped schema), and the user's own
+file handed back with the tuned values (tuned_file)."""
 
 __all__ = [
+    "bash_eval",
     "defaults",
     "hydra_read",
     "launch_script",
@@ -12,7 +14,9 @@ __all__ = [
     "target",
     "trl",
     "trl_read",
+    "tuned_file",
     "verl",
+    "verl_config_file",
     "verl_defaults",
     "verl_schema",
     "verl_table",

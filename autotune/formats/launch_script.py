@@ -1,35 +1,42 @@
-r"""A bash launch script read as verl gets it: its `python3 -m verl.trainer.main_ppo` command's arguments.
+r"""A bash launch script read as verl gets it: the arguments bash hands `python3 -m verl.trainer.main_ppo`.
 
-    lines, notes = script_overrides(Path("run_qwen2-7b.sh").read_text(), where="run_qwen2-7b.sh")
-    # [Line(5, "algorithm.adv_estimator=grpo"), ...]: each override with the line it is written on
+    read = read_launch_script(Path("run_qwen2-7b.sh"), where="run_qwen2-7b.sh")
+    read.lines      # [Line(12, "algorithm.adv_estimator=grpo"), ...]: each override with its line
+    read.notes      # what the reader could not know: "$@" read as none, a value from a command not run
 
-verl's example scripts are `python3 -m verl.trainer.main_ppo \` followed by `key=value \` lines, sometimes
-ending in `$@`, with shell variables set earlier (`MODEL=...`, `export X=...`). Words are split by Python's
-`shlex` (bash's quoting); `$NAME`, `${NAME}` and `${NAME:-default}` are expanded from the variables the
-script itself assigns, as bash would (no expansion inside single quotes, word splitting outside quotes). A
-variable the script does not set (`$HOME`, a command's output) is never guessed: in a key autotune reads it
-is a UserError naming it; elsewhere (a data path, a run name) the value is kept as written and a note says so.
-`$@` (the script's own arguments) reads as none, with a note.
+Bash evaluates the script (autotune.formats.bash_eval): its branches, `source`, arrays, `$((...))`,
+functions, quoting and pipes are bash's to decide, and a wrapper (`torchrun`, `srun`, `ray job submit --`,
+`sudo`, `env`) is looked through. A script that starts the trainer several times is read at `call` (1-based;
+the calls are listed when it is missing). `--config-path/--config-name` compose the named YAML under the
+command line's overrides (autotune.formats.verl_config_file). A value bash took from a command autotune
+does not run (`$(nvidia-smi ...)`) is refused in a key autotune reads and kept as written elsewhere; an
+empty value in such a key names the variable the script writes there.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from autotune.errors import UserError, single_line
 from autotune.formats import verl_schema
+from autotune.formats.bash_eval import BashCommand, Evaluation, evaluate_script
 from autotune.formats.hydra_read import Line
 
-__all__ = ["looks_like_launch_script", "script_overrides"]
+__all__ = [
+    "MODULE",
+    "LaunchRead",
+    "TrainerCall",
+    "looks_like_launch_script",
+    "read_launch_script",
+    "trainer_calls",
+]
 
 MODULE = "verl.trainer.main_ppo"
-_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
-_ASSIGNMENT = re.compile(rf"^({_NAME})=(.*)$", re.S)
-_MARK = "__autotune_unset_{}__"  # stands for an unresolved variable until the word is known
-_MARKED = re.compile(r"__autotune_unset_(\d+)__")
-_DECLARE = ("export", "local", "readonly", "declare")
+_MARKER = re.compile(r"@autotune-skipped-\d+-\d+@")
+_HYDRA_FLAGS = {"--config-path": "config_path", "-cp": "config_path", "--config-name": "config_name",
+                "-cn": "config_name"}  # fmt: skip
 
 
 def looks_like_launch_script(text: str) -> bool:
@@ -37,196 +44,189 @@ def looks_like_launch_script(text: str) -> bool:
     return text.startswith("#!") or bool(re.search(r"(-m\s+verl\.trainer\.main_ppo|main_ppo\.py)\b", text))
 
 
+@dataclass(frozen=True)
+class TrainerCall:
+    """One start of verl's trainer: where it is written and the arguments after the module."""
+
+    command: BashCommand
+    arguments: tuple[str, ...]
+
+    @property
+    def line(self) -> int:
+        return self.command.line
+
+
 @dataclass
-class _Shell:
-    where: str
-    variables: dict[str, str] = field(default_factory=dict)
-    unset: dict[str, str] = field(default_factory=dict)  # variable -> why it has no value
-    marks: list[str] = field(default_factory=list)  # _MARK index -> the variable's name
+class LaunchRead:
+    """What the script hands the trainer, read at one call."""
+
+    lines: list[Line]
     notes: list[str] = field(default_factory=list)
+    call: TrainerCall | None = None
+    calls: list[TrainerCall] = field(default_factory=list)
+    config_path: str | None = None
+    config_name: str | None = None
 
 
-def script_overrides(text: str, where: str) -> tuple[list[Line], list[str]]:
-    """The main_ppo command's overrides, each with its line, and notes on what was not expanded."""
-    shell = _Shell(where)
-    commands = []
-    for segments in _commands(text, where):
-        words = [(number, word) for number, part in segments for word in _words(shell, number, part)]
-        if _is_main_ppo(words):
-            commands.append(words)
-        elif words and all(_assign(shell, word) for _, word in _declared(words)):
-            continue
-    if not commands:
-        raise UserError(f"{where}: a shell script without a `python3 -m {MODULE}` command: nothing to read")
-    if len(commands) > 1:
-        starts = ", ".join(str(c[0][0]) for c in commands)
+def trainer_calls(path: Path, where: str) -> tuple[list[TrainerCall], Evaluation]:
+    """Every start of verl's trainer bash makes running the script, in order, and what bash did."""
+    evaluation = evaluate_script(path, where)
+    calls = [c for c in (_trainer_call(command) for command in evaluation.commands) if c is not None]
+    return calls, evaluation
+
+
+def read_launch_script(path: Path, where: str, call: int | None = None) -> LaunchRead:
+    """The overrides of the script's `call`-th trainer start (the only one when None)."""
+    calls, evaluation = trainer_calls(path, where)
+    chosen = _choose(calls, call, evaluation, where)
+    notes = _dollar_at_notes(chosen, where) + _cut_off_notes(evaluation, where)
+    options, words = _hydra_options(chosen, where)
+    lines = [_line(path, chosen, word, evaluation, where, notes) for word in words]
+    if options.get("config_path") or options.get("config_name"):
+        from autotune.formats.verl_config_file import config_file_lines
+
+        path_given, name_given = options.get("config_path"), options.get("config_name")
+        lines = config_file_lines(path_given, name_given, where, chosen.line) + lines
+    return LaunchRead(lines, notes, chosen, calls, options.get("config_path"), options.get("config_name"))
+
+
+def _trainer_call(command: BashCommand) -> TrainerCall | None:
+    """The command when it starts verl's trainer, possibly through a wrapper (torchrun, srun, env...)."""
+    argv = command.argv
+    for i, word in enumerate(argv):
+        if word == MODULE and i > 0 and argv[i - 1] == "-m":
+            return TrainerCall(command, argv[i + 1 :])
+        if word.endswith("verl/trainer/main_ppo.py") or word == "main_ppo.py":
+            return TrainerCall(command, argv[i + 1 :])
+    return None
+
+
+def _choose(calls: list[TrainerCall], call: int | None, evaluation: Evaluation, where: str) -> TrainerCall:
+    if not calls:
+        raise UserError(_no_call(evaluation, where))
+    listed = ", ".join(f"{i} (line {c.line})" for i, c in enumerate(calls, 1))
+    if call is None and len(calls) > 1:
         raise UserError(
-            f"{where}: {MODULE} is started {len(commands)} times (lines {starts}): autotune reads one"
+            f"{where}: bash starts {MODULE} {len(calls)} times: calls {listed}; choose one with --call N"
         )
-    return _overrides(shell, commands[0]), shell.notes
+    index = 1 if call is None else call
+    if not 1 <= index <= len(calls):
+        raise UserError(f"--call {index}: {where} starts {MODULE} {len(calls)} time(s): calls {listed}")
+    return calls[index - 1]
 
 
-def _commands(text: str, where: str) -> list[list[tuple[int, str]]]:
-    """Physical lines joined by a trailing backslash into commands: [(line number, text), ...] each. A
-    backslash before an empty line or the end of the file ends the command there, and the lines after it
-    would run as commands of their own: refused, naming the line."""
-    lines = text.splitlines()
-    commands: list[list[tuple[int, str]]] = []
-    current: list[tuple[int, str]] = []
-    for number, raw in enumerate(lines, 1):
-        comment = raw.lstrip().startswith("#")  # a backslash in a comment continues nothing
-        continued = len(raw) - len(raw.rstrip("\\")) if raw.endswith("\\") and not comment else 0
-        if current and (comment or not raw.strip()):
-            previous = current[-1][0]
+def _no_call(evaluation: Evaluation, where: str) -> str:
+    """Why no trainer start was found, in the order a user can act on it."""
+    said = f"{where}: bash ran the script and it starts no `python3 -m {MODULE}`"
+    unreadable = [c for c in evaluation.unreadable if MODULE in c.text or "main_ppo" in c.text]
+    if unreadable:
+        first = unreadable[0]
+        why = _first_error(evaluation) or "bash could not expand its words"
+        return f"{where}:{first.line}: the trainer's command cannot be evaluated: {_named(why, evaluation)}"
+    modules = [c.argv[c.argv.index("-m") + 1] for c in evaluation.commands if "-m" in c.argv[:-1]]
+    if modules:
+        return f"{said}: it runs {', '.join(dict.fromkeys(modules))}; autotune reads {MODULE}'s config"
+    error = _first_error(evaluation)
+    return f"{said} ({_named(error, evaluation)})" if error else said
+
+
+def _first_error(evaluation: Evaluation) -> str | None:
+    return evaluation.errors[0] if evaluation.errors else None
+
+
+def _named(text: str, evaluation: Evaluation) -> str:
+    """Markers replaced by the commands they stand for."""
+    return _MARKER.sub(lambda m: f"$({single_line(evaluation.markers.get(m.group(0), '...'))})", text)
+
+
+def _dollar_at_notes(call: TrainerCall, where: str) -> list[str]:
+    if re.search(r"\$\{?[@*]", call.command.text):
+        return [f'{where}:{call.line}: "$@" (the script\'s own arguments) read as none']
+    return []
+
+
+def _cut_off_notes(evaluation: Evaluation, where: str) -> list[str]:
+    """Overrides bash ran as commands of their own: a blank line or comment ended the trainer's command."""
+    override = re.compile(r"^[+~]{0,2}[A-Za-z_]\w*(\.\w+)+=")
+    return [
+        f"{where}:{c.line}: {single_line(' '.join(c.argv))} runs as a command of its own (the command before "
+        f"it ends there: a blank line or a comment between?): verl never gets it"
+        for c in evaluation.commands
+        if c.argv and override.match(c.argv[0])
+    ]
+
+
+def _hydra_options(call: TrainerCall, where: str) -> tuple[dict[str, str], list[str]]:
+    """Hydra's own flags (config path and name) apart from the overrides."""
+    options: dict[str, str] = {}
+    words: list[str] = []
+    arguments = list(call.arguments)
+    while arguments:
+        word = arguments.pop(0)
+        flag, equals, value = word.partition("=")
+        if flag in _HYDRA_FLAGS:
+            if not equals:
+                if not arguments:
+                    raise UserError(f"{where}:{call.line}: {flag} has no value")
+                value = arguments.pop(0)
+            options[_HYDRA_FLAGS[flag]] = value
+        elif word.startswith("-"):
             raise UserError(
-                f"{where}:{previous}: {single_line(lines[previous - 1].strip())!r} ends with a "
-                f"backslash, but line {number} is {'a comment' if comment else 'empty'}: the command "
-                f"ends there"
+                f"{where}:{call.line}: {single_line(word)!r}: autotune reads key=value overrides and "
+                f"--config-path/--config-name, not Hydra's other flags"
             )
-        if comment:
-            continue
-        current.append((number, raw[:-1] if continued % 2 else raw))
-        if not continued % 2:
-            commands.append(current)
-            current = []
-    if current:
-        last = current[-1][0]
-        raise UserError(
-            f"{where}:{last}: {single_line(lines[last - 1].strip())!r} ends with a backslash "
-            f"at the end of the file: the command it continues is cut off"
-        )
-    return commands
+        else:
+            words.append(word)
+    return options, words
 
 
-def _words(shell: _Shell, number: int, text: str) -> list[str]:
-    try:
-        return shlex.split(_expand(shell, number, text), comments=True)
-    except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
-        raise UserError(f"{shell.where}:{number}: {single_line(text.strip())!r}: {exc}") from None
-
-
-def _expand(shell: _Shell, number: int, text: str) -> str:
-    """`text` with the script's variables substituted, quoted so that shlex splits it as bash would."""
-    if re.search(r'"?\$[@*]"?', text):
-        shell.notes.append(f"{shell.where}:{number}: $@ (the script's own arguments) read as none")
-        text = re.sub(r'"\$[@*]"|\$[@*]', "", text)
-    out, quote, i = [], "", 0
-    while i < len(text):
-        char = text[i]
-        if char == "\\" and quote != "'":
-            out.append(text[i : i + 2])
-            i += 2
-            continue
-        if char in "'\"" and quote in ("", char):
-            quote = "" if quote else char
-        elif char == "#" and not quote and (i == 0 or text[i - 1].isspace()):
-            out.append(text[i:])  # a comment: shlex drops it
-            break
-        elif char in "$`" and quote != "'":
-            name, value, i = _variable(shell, text, i)
-            if name is not None:
-                out.append(_quoted(shell, name, value, quote))
-                continue
-        out.append(char)
-        i += 1
-    return "".join(out)
-
-
-def _variable(shell: _Shell, text: str, i: int) -> tuple[str | None, str | None, int]:
-    """The variable at text[i] (`$NAME`, `${NAME}`, `${NAME:-word}`), its value (None: unset) and where the
-    text goes on; (None, None, i) when it is not a variable (a lone `$`)."""
-    rest = text[i:]
-    braced = re.match(rf"\$\{{({_NAME})(?:(:?[-=])([^}}]*))?\}}", rest)
-    plain = re.match(rf"\$({_NAME}|[0-9])", rest)
-    if braced:
-        name, operator, word = braced.groups()
-        value = shell.variables.get(name)
-        if value is None or (operator and operator.startswith(":") and not value):
-            value = word if operator else None
-        return name, value, i + braced.end()
-    if plain:
-        return plain.group(1), shell.variables.get(plain.group(1)), i + plain.end()
-    if rest.startswith(("$(", "`", "${")):  # command substitution, or an expansion bash alone computes
-        end = _closing(rest)
-        return rest[:end], None, i + end
-    return None, None, i
-
-
-def _closing(rest: str) -> int:
-    closer = {"$(": ")", "${": "}", "`": "`"}[rest[:2] if rest[0] == "$" else "`"]
-    end = rest.find(closer, 2 if rest[0] == "$" else 1)
-    return len(rest) if end < 0 else end + 1
-
-
-def _quoted(shell: _Shell, name: str, value: str | None, quote: str) -> str:
-    if value is None:
-        shell.marks.append(name)
-        return _MARK.format(len(shell.marks) - 1)
-    if quote == '"':
-        return re.sub(r'(["\\$`])', r"\\\1", value)
-    return " ".join(shlex.quote(piece) for piece in value.split())  # bash splits an unquoted expansion
-
-
-def _declared(words: list[tuple[int, str]]) -> list[tuple[int, str]]:
-    return words[1:] if words and words[0][1] in _DECLARE else words
-
-
-def _assign(shell: _Shell, word: str) -> bool:
-    """`NAME=value` remembered (a value made of unset variables leaves NAME unset too); False: not one."""
-    match = _ASSIGNMENT.match(word)
-    if match is None:
-        return False
-    name, value = match.groups()
-    unset = [shell.marks[int(i)] for i in _MARKED.findall(value)]
-    if unset:
-        shell.variables.pop(name, None)
-        shell.unset[name] = f"its value uses {', '.join(map(_shown, unset))}, which have no value here"
-    else:
-        shell.variables[name] = value
-        shell.unset.pop(name, None)
-    return True
-
-
-def _is_main_ppo(words: list[tuple[int, str]]) -> bool:
-    plain = [word for _, word in words]
-    return any(
-        (word == MODULE and i > 0 and plain[i - 1] == "-m") or word.endswith("verl/trainer/main_ppo.py")
-        for i, word in enumerate(plain)
-    )
-
-
-def _overrides(shell: _Shell, words: list[tuple[int, str]]) -> list[Line]:
-    plain = [word for _, word in words]
-    start = next(i for i, w in enumerate(plain) if w == MODULE or w.endswith("main_ppo.py")) + 1
-    lines = []
-    for number, word in words[start:]:
-        if word.startswith("-"):
-            raise UserError(
-                f"{shell.where}:{number}: {single_line(word)!r}: autotune reads verl's default trainer "
-                f"config (ppo_trainer) and key=value overrides, not Hydra's command-line flags"
-            )
-        lines.append(Line(number, _resolved(shell, number, word)))
-    return lines
-
-
-def _resolved(shell: _Shell, number: int, word: str) -> str:
-    """The override with its unset variables: refused in a key autotune reads, kept as written elsewhere."""
-    names = [shell.marks[int(i)] for i in _MARKED.findall(word)]
-    if not names:
-        return word
+def _line(
+    path: Path, call: TrainerCall, word: str, evaluation: Evaluation, where: str, notes: list[str]
+) -> Line:
+    """The override as Hydra gets it, numbered by the line of the script that writes its key."""
     key = word.partition("=")[0].lstrip("+~")
-    shown = ", ".join(_shown(n) + (f" ({shell.unset[n]})" if n in shell.unset else "") for n in names)
-    if verl_schema.kind(key) is not None:
+    number = _written_on(path, call, key)
+    markers = _MARKER.findall(word)
+    if markers:
+        commands = ", ".join(f"`{single_line(evaluation.markers.get(m, '?'))}`" for m in markers)
+        if verl_schema.kind(key) is not None:
+            raise UserError(
+                f"{where}:{number}: {key}: its value comes from {commands}, which autotune does not run: "
+                f"write the value in the script"
+            )
+        notes.append(f"{where}:{number}: {key}: its value comes from {commands}, not run: kept as written")
+        value = word.partition("=")[2]
+        written = _MARKER.sub(lambda m: f"$({evaluation.markers.get(m.group(0), '')})", value)
+        escaped = written.replace("\\", "\\\\").replace("'", "\\'")
+        return Line(number, f"{word.partition('=')[0]}='{escaped}'")
+    if word.endswith("=") and verl_schema.kind(key) is not None:
+        source = _written_value(path, call, key)
         raise UserError(
-            f"{shell.where}:{number}: {key}: {shown} is not set by the script, and autotune does not guess "
-            f"it: set it in the script, or write the value"
+            f"{where}:{number}: {key} is empty where bash runs it"
+            + (f" (the script writes {key}={source})" if source else "")
+            + ": set the variable in the script, or write the value"
         )
-    shell.notes.append(f"{shell.where}:{number}: {key}: {shown} not set by the script: kept as written")
-    written = _MARKED.sub(lambda m: _shown(shell.marks[int(m.group(1))]), word.partition("=")[2])
-    escaped = written.replace("\\", "\\\\").replace("'", "\\'")
-    return f"{word.partition('=')[0]}='{escaped}'"
+    return Line(number, word)
 
 
-def _shown(name: str) -> str:
-    """A variable as the script writes it (a command substitution is kept whole)."""
-    return name if name.startswith(("$", "`")) else f"${name}"
+def _source_lines(path: Path, call: TrainerCall) -> list[str] | None:
+    """The lines of the file the call is written in, when it is the script itself."""
+    if Path(call.command.file).resolve() != path.resolve():
+        return None
+    return path.read_text(encoding="utf-8", errors="replace").splitlines()
+
+
+def _written_on(path: Path, call: TrainerCall, key: str) -> int:
+    """The first line at or after the call that writes `key=`; else the call's line."""
+    lines = _source_lines(path, call)
+    pattern = re.compile(rf"(^|[\s'\"+]){re.escape(key)}=")
+    for number in range(max(call.line, 1), len(lines or []) + 1):
+        if pattern.search((lines or [])[number - 1]):
+            return number
+    return call.line
+
+
+def _written_value(path: Path, call: TrainerCall, key: str) -> str | None:
+    lines = _source_lines(path, call) or []
+    match = re.search(rf"(?:^|[\s'\"+]){re.escape(key)}=(\S+)", "\n".join(lines))
+    return match.group(1).rstrip("\\").strip("\"'") if match else None

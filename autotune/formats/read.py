@@ -38,15 +38,15 @@ FSDP_SIZE = "actor_rollout_ref.actor.fsdp_config.fsdp_size"
 RESHARD = "actor_rollout_ref.actor.fsdp_config.reshard_after_forward"
 
 
-def read_target(path: Path, gpus: int | None = None) -> Target:
-    """A seed-schema YAML or a verl override file, read for `gpus` GPUs (default: what the file says);
-    UserError when it is neither or cannot be used."""
+def read_target(path: Path, gpus: int | None = None, call: int | None = None) -> Target:
+    """A seed-schema YAML, a verl override file or launch script (its `call`-th trainer start), or a TRL
+    config, read for `gpus` GPUs (default: what the file says); UserError when it is none or is unusable."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"config '{path}' " + ("is a directory" if path.is_dir() else "does not exist"))
     text = path.read_text(encoding="utf-8", errors="replace")
     if looks_like_overrides(text) or looks_like_launch_script(text):
-        target = read_overrides(text, where=str(path))
+        target = read_overrides(text, where=str(path), path=path, call=call)
         values = target.overrides or {}
         return _default_layout(target) if FSDP_SIZE not in values and RESHARD not in values else target
     try:

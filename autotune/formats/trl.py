@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -351,11 +352,20 @@ def measured_block(text: str) -> dict[str, Any] | None:
 
 
 def launch_line(path: str, gpus: int) -> str:
-    """The command that starts TRL on the export; the dataset and reward are the user's own."""
-    rest = f"--config {path} --dataset_name /path/to/dataset --reward_funcs your_module.your_reward"
+    """The command that starts TRL on the export; the dataset and reward are the user's own. Quoted for
+    bash: a path with a space, a `$` or a `'` reaches TRL as one argument, as written."""
+    rest = [
+        "--config",
+        path,
+        "--dataset_name",
+        "/path/to/dataset",
+        "--reward_funcs",
+        "your_module.your_reward",
+    ]
     if gpus == 1:
-        return f"trl grpo {rest}"
-    return f"accelerate launch --multi_gpu --num_processes {gpus} -m trl.scripts.grpo {rest}"
+        return shlex.join(["trl", "grpo", *rest])
+    start = ["accelerate", "launch", "--multi_gpu", "--num_processes", str(gpus), "-m", "trl.scripts.grpo"]
+    return shlex.join([*start, *rest])
 
 
 def looks_like_trl(data: dict[str, Any]) -> bool:

@@ -33,16 +33,18 @@ from __future__ import annotations
 import functools
 import math
 import re
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any, overload
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.rules import Finding, config_findings, problems
 from autotune.formats import verl_schema
 from autotune.formats.hydra_read import Line, read_lines
-from autotune.formats.launch_script import looks_like_launch_script, script_overrides
+from autotune.formats.launch_script import LaunchRead, looks_like_launch_script, read_launch_script
 from autotune.formats.rollout import ROLLOUT_ENGINES, RolloutEngine
 from autotune.formats.target import Target
 from autotune.formats.verl_table import (
@@ -175,14 +177,18 @@ def _notes(c: ProbeConfig, n_gpus: int, wanted: int) -> list[str]:
 # --- reading back -------------------------------------------------------------------------------------
 
 
-def read_overrides(text: str, where: str = "overrides") -> Target:
-    """A verl override file, or a bash launch script (its main_ppo command's arguments): verl's keys mapped
-    back to autotune's knobs (the inverse of `verl_overrides`); a key the file leaves out has verl's default.
-    What verl's Hydra config refuses (unknown keys, ...) is a finding: verl would refuse the file at
-    start-up; a line that cannot be read is a UserError."""
+def read_overrides(
+    text: str, where: str = "overrides", path: Path | None = None, call: int | None = None
+) -> Target:
+    """A verl override file, or a bash launch script (what bash hands main_ppo at its `call`-th start; the
+    script is `path`, or `text` run from a temporary file): verl's keys mapped back to autotune's knobs (the
+    inverse of `verl_overrides`); a key the file leaves out has verl's default. What verl's Hydra config
+    refuses (unknown keys, ...) is a finding: verl would refuse the file at start-up; a line that cannot be
+    read is a UserError."""
     notes: list[str] = []
     if looks_like_launch_script(text):
-        lines, notes = script_overrides(text, where)
+        script = _read_script(text, where, path, call)
+        lines, notes = script.lines, script.notes
     else:
         lines = override_lines(text)
     values, refused = read_lines(lines, where, verl_keys())
@@ -211,6 +217,15 @@ def read_overrides(text: str, where: str = "overrides") -> Target:
         overrides=values,
         engine=engine,
     )
+
+
+def _read_script(text: str, where: str, path: Path | None, call: int | None) -> LaunchRead:
+    if path is not None:
+        return read_launch_script(path, where, call)
+    with tempfile.TemporaryDirectory(prefix="autotune-script-") as folder:
+        script = Path(folder) / "script.sh"
+        script.write_text(text)
+        return read_launch_script(script, where, call)
 
 
 @functools.cache

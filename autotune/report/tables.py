@@ -5,6 +5,7 @@ Each table is `(headers, rows)` of display strings.
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING
 
 from optuna.trial import FrozenTrial
@@ -335,7 +336,13 @@ def verl_default_lines(report: ReportData) -> list[str]:
 
 def launch_line(report: ReportData, overrides: str = "verl_overrides.txt") -> str:
     """The command that starts verl on the exported job: the file, then what only the user knows (the data,
-    and the model's path where the file has no hub id or directory for it); replace the /path/to/ parts."""
+    and the model's path where the file has no hub id or directory for it); replace the /path/to/ parts.
+
+    A bash line, safe to paste whatever the file's path: `mapfile` hands verl each line of the file as one
+    argument. `$(cat FILE)` splits each line at its spaces and globs it: `key='/my models/x'` (a value in
+    Hydra's quotes) would reach verl as two broken words, and `[1,2]` could match a file. `xargs -d '\n'`
+    is GNU's only and turns any failure of verl into exit 123. `&&`: where `mapfile` is missing (zsh,
+    bash 3) or the file cannot be read, verl does not start on its defaults."""
     assert report.verl is not None, "no recommendation to launch"
     given = report.verl.values
     extra = ["data.train_files=/path/to/train.parquet", "data.val_files=/path/to/val.parquet"]
@@ -345,8 +352,11 @@ def launch_line(report: ReportData, overrides: str = "verl_overrides.txt") -> st
             extra.append("critic.model.path=/path/to/model")
     if report.plan.reward_model != "function":
         reward = verl_model_path(report.plan.reward_model) or "/path/to/reward_model"
-        extra += ["reward_model.enable=true", f"reward_model.model.path={reward}"]
-    return f"python -m verl.trainer.main_ppo $(cat {overrides}) " + " ".join(extra)
+        extra += ["reward_model.enable=true", f"reward_model.model.path={format_value(reward)}"]
+    return (
+        f"mapfile -t overrides < {shlex.quote(overrides)} && "
+        f'python -m verl.trainer.main_ppo "${{overrides[@]}}" {shlex.join(extra)}'
+    )
 
 
 def study_lines(report: ReportData) -> list[str]:
