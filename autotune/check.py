@@ -96,6 +96,7 @@ class CheckOptions:
     trace: bool = False  # also trace the training passes under FakeTensorMode (autotune.probe.rank.trace)
     verl_python: str | None = None  # with trace: run it in verl's environment, with verl's per-token math
     trace_lengths: str | None = None  # with trace: "data" or "max" (TRACE_LENGTHS); None: the verdict's
+    call: int | None = None  # a launch script's N-th trainer call (--call)
 
 
 @dataclass
@@ -305,7 +306,7 @@ def _card(options: CheckOptions, target: Target) -> Budget | None:
 
 def check(options: CheckOptions) -> CheckResult:
     """Read the config and run every check; UserError for input that cannot be read."""
-    target = read_target(options.path, options.gpus)
+    target = read_target(options.path, options.gpus, options.call)
     card = _card(options, target)  # an unknown --gpu is a usage error: before any work
     _check_verl_python(options)
     _check_trace_lengths(options)

@@ -17,20 +17,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "check",
         "report every problem of a config (best_config.yaml, verl overrides, trl_config.yaml) with its fix",
         "Reads best_config.yaml's schema (the seed article's, with mini_batch_size or "
-        "gradient_accumulation_steps), a verl override file, or a TRL config (as `trl grpo --config` reads "
-        "it): divisibility, rollout workers vs cores, lengths vs data, predicted memory vs the card, reward "
+        "gradient_accumulation_steps), a verl override file, a verl launch script (what bash hands the "
+        "trainer: bash runs it with nothing started), or a TRL config (as `trl grpo --config` reads it): "
+        "divisibility, rollout workers vs cores, lengths vs data, predicted memory vs the card, reward "
         "model frozen, rollout batch size. Exit 0 clean, 1 problems found, 2 unreadable input.",
         [
             "autotune check reports/my-study/best_config.yaml",
             "autotune check verl_overrides.txt --gpus 8 --gpu h100-80g --data data/train.jsonl",
             "autotune check trl_config.yaml --gpu a100-40g --data data/train.jsonl",
+            "autotune check run_qwen2-7b.sh --gpu h100-80g --call 2",
             "autotune check config.yaml --gpus 2 --trace",
             "autotune check config.yaml --gpus 8 --data data/train.jsonl --trace --trace-lengths max",
             "autotune check config.yaml --gpus 2 --trace --verl-python /opt/verl/bin/python",
         ],
     )
     parser.add_argument(
-        "config", type=Path, help="a YAML config (best_config.yaml, trl_config.yaml) or a verl override file"
+        "config",
+        type=Path,
+        help="a YAML config (best_config.yaml, trl_config.yaml), a verl override file or launch script",
+    )
+    parser.add_argument(
+        "--call",
+        type=COUNT,
+        metavar="N",
+        help="the N-th trainer call of a launch script that starts the trainer more than once",
     )
     parser.add_argument("--gpus", type=RANKS, help="GPUs of the job (default: the config's, else 1)")
     card = parser.add_mutually_exclusive_group()

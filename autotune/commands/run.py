@@ -38,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "by Ctrl-C or SIGTERM (the report holds what was measured; run again to resume).",
         [
             "autotune run --space cpu-tiny --trials 12",
+            "autotune run --from run_qwen2-7b.sh --model small-llama --gpus 1 --trials 8",
             "autotune run --engine trl --target trl --space trl-cpu-tiny --trials 8",
             "autotune run --model llama-2-7b --gpus 2 --time-budget 8h",
             "autotune run --space seed-4xa100-40g-13b-fsdp --parallel 2 "
@@ -47,8 +48,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--space",
-        default="default",
         help="a shipped space's name (see `autotune spaces`) or a YAML file (default: default)",
+    )
+    parser.add_argument(
+        "--from",
+        dest="from_file",
+        type=Path,
+        metavar="FILE",
+        help="start from your own job: a verl launch script (read by running it in bash, with nothing "
+        "started), a verl override file, or a TRL config YAML. Its recipe is held, its system settings are "
+        "the baseline of the gain, and <out>/<study>/<stem>.tuned.<ext> is your file with the tuned values",
+    )
+    parser.add_argument(
+        "--call",
+        type=COUNT,
+        metavar="N",
+        help="with --from: the N-th trainer call of a launch script that starts the trainer more than once",
     )
     add_model_arguments(parser, override=True)
     add_device_arguments(parser, override=True)
@@ -151,9 +166,8 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target",
         choices=TARGETS,
-        default="verl",
         help="the trainer the export is for: verl (best_config.yaml and verl_overrides.txt; default) or trl "
-        "(best_config.yaml and trl_config.yaml for TRL's GRPOTrainer)",
+        "(best_config.yaml and trl_config.yaml for TRL's GRPOTrainer); with --from, the file's trainer",
     )
     parser.add_argument(
         "--rollout-engine",
@@ -175,9 +189,36 @@ def run(args: argparse.Namespace) -> int:
     from autotune.run.prepare import RunOptions, parse_duration
 
     budget = parse_duration(args.time_budget) if args.time_budget else None
+    check_from_flags(args)
     return run_study(
-        options_from(args, RunOptions, memory_budget_gib=args.memory_budget, time_budget_seconds=budget)
+        options_from(
+            args,
+            RunOptions,
+            space=args.space or "default",
+            target=args.target or "verl",
+            memory_budget_gib=args.memory_budget,
+            time_budget_seconds=budget,
+        )
     )
+
+
+def check_from_flags(args: argparse.Namespace) -> None:
+    """--from brings its own space and recipe: the flags that would replace them are refused in one line."""
+    from autotune.errors import UserError
+
+    if args.from_file is None:
+        if args.call is not None:
+            raise UserError(
+                f"--call {args.call} picks a trainer call of --from's launch script: add --from FILE"
+            )
+        return
+    given = (("--space", args.space), ("--tune", args.tune), ("--target", args.target))
+    clashing = [flag for flag, value in given if value]
+    if clashing:
+        raise UserError(
+            f"--from {args.from_file} takes the job, its recipe and its trainer from the file: drop "
+            f"{' and '.join(clashing)}"
+        )
 
 
 def recipe_knobs(text: str) -> list[str]:

@@ -15,6 +15,7 @@ __all__ = [
     "trl",
     "trl_read",
     "tuned_file",
+    "tuned_values",
     "verl",
     "verl_config_file",
     "verl_defaults",

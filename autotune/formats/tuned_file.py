@@ -361,6 +361,8 @@ def _indentation(text: str, end: int) -> str:
 
 def tune_launch_script(text: str, changes: dict[str, str], call_line: int) -> str:
     """The script with each Hydra key of `changes` set to its value (Hydra's grammar: "8", "true", "null").
+    A key may carry Hydra's `+`/`++` (add a field verl's YAML lacks): it is found without them, and added
+    with them.
 
     Every override word that sets the key (`key=`, `+key=`, `++key=`, in a command, an array or a quoted
     string; not in a comment or a heredoc) gets the new value in place of its whole old one. A key the
@@ -372,7 +374,7 @@ def tune_launch_script(text: str, changes: dict[str, str], call_line: int) -> st
     edits: list[tuple[int, int, str]] = []
     missing = []
     for key, value in changes.items():
-        found = _occurrences(lexer, key)
+        found = _occurrences(lexer, key.lstrip("+"))  # `+key` is how a new key is added
         if not found:
             missing.append((key, value))
         for word_start, start, end, context in found:
@@ -397,7 +399,7 @@ def tune_override_file(text: str, changes: dict[str, str]) -> str:
     lines = text.splitlines(keepends=True)
     appended = []
     for key, value in changes.items():
-        pattern = re.compile(rf"^(\s*\+{{0,2}}{re.escape(key)}\s*=)(.*?)(\r?\n)?$", re.S)
+        pattern = re.compile(rf"^(\s*\+{{0,2}}{re.escape(key.lstrip('+'))}\s*=)(.*?)(\r?\n)?$", re.S)
         last = next((i for i in reversed(range(len(lines))) if pattern.match(lines[i])), None)
         if last is None:
             appended.append(f"{key}={value}")

@@ -186,9 +186,11 @@ def read_overrides(
     refuses (unknown keys, ...) is a finding: verl would refuse the file at start-up; a line that cannot be
     read is a UserError."""
     notes: list[str] = []
+    call_line = None
     if looks_like_launch_script(text):
         script = _read_script(text, where, path, call)
         lines, notes = script.lines, script.notes
+        call_line = script.call.line if script.call is not None else None
     else:
         lines = override_lines(text)
     values, refused = read_lines(lines, where, verl_keys())
@@ -216,6 +218,7 @@ def read_overrides(
         findings=refused + [Finding("verl", note, severity="note") for note in notes],
         overrides=values,
         engine=engine,
+        call_line=call_line,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,13 @@ def run_study(options: RunOptions, console: Console | None = None) -> int:
 
 def _run_study(options: RunOptions, console: Console, cluster: Any) -> int:
     """with --json, stdout carries the summary alone (`console` writes to stderr)"""
-    job = prepare(options, console, cluster)
+    job_file = None
+    if options.from_file is not None:
+        from autotune.run.from_file import read_job_file
+
+        job_file = read_job_file(options.from_file, options.call)
+        options = dataclasses.replace(options, target=job_file.trainer)
+    job = prepare(options, console, cluster, job_file)
     space = job.space
     if options.study:
         study_name = check_study_name(options.study)
@@ -132,7 +139,14 @@ def _run_study(options: RunOptions, console: Console, cluster: Any) -> int:
             "complete": reason in (TRIALS_DONE, TIME_SPENT),
             "interrupted": control_stopped(reason),
         }
-        return finish(tuner, plan, out_dir, narrator, run, options.json)
+        after = None
+        if job_file is not None:
+            from autotune.run.tuned import hand_back
+
+            def after(result: Any) -> None:
+                hand_back(job_file, job.from_file, space, result, narrator)
+
+        return finish(tuner, plan, out_dir, narrator, run, options.json, after)
 
 
 def unfit_seed_lines(space: SearchSpace, seeded: list[str]) -> list[str]:
@@ -162,15 +176,24 @@ def one_tuner_per_sqlite_study(storage: str, study_name: str) -> contextlib.Abst
 
 
 def finish(
-    tuner: Tuner, plan: StudyPlan, out_dir: Path, narrator: Narrator, run: dict, as_json: bool = False
+    tuner: Tuner,
+    plan: StudyPlan,
+    out_dir: Path,
+    narrator: Narrator,
+    run: dict,
+    as_json: bool = False,
+    after: Callable[[Any], None] | None = None,
 ) -> int:
     """Write the report (the same code as `autotune report`) and say what it holds; an interrupted run
-    says how to resume and exits EXIT_INTERRUPTED."""
+    says how to resume and exits EXIT_INTERRUPTED. `after(result)` adds to the written report (--from's
+    tuned file) before the summary is printed."""
     from autotune.report.write import SUMMARY_FILE, write_report
 
     result = write_report(tuner.study, out_dir, tuner.budget, plan=plan, run=run)
     for line in result.messages:
         narrator.say(line, markup=False)  # soft-wrapped: a launch line stays whole
+    if after is not None:
+        after(result)
     if not run["complete"]:
         narrator.say(
             f"[yellow]{run['stopped']}: {run['trials_done']} of {run['trials_asked']} trials are done; run "

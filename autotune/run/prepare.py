@@ -110,6 +110,8 @@ class RunOptions:
     ray: str | None = None  # a Ray cluster's address (or "auto"): the probes run there
     nodes: int = 1  # nodes one probe spans, --gpus on each
     placement_timeout: float = 300.0  # how long a probe waits for the cluster to place it
+    from_file: Path | None = None  # --from: the user's job (verl launch script or overrides, TRL config)
+    call: int | None = None  # --call: which trainer call of a launch script
 
 
 def default_study_name(space_name: str, model: str, gpus: int, fingerprint: str) -> str:
@@ -218,21 +220,23 @@ class Prepared:
     lengths: Any  # the data's LengthReport (`--data`), or None
     identity: dict[str, Any]  # what the study measures (see the module docstring)
     generation_share: float | None = None  # generation's share of a verl step (--verl-log), for the report
+    from_file: Any = None  # --from: the file's space and what the flags overrode (run.from_file.FileSpace)
 
     @property
     def fingerprint(self) -> str:
         return identity_fingerprint(self.identity)
 
 
-def prepare(options: RunOptions, console: Console, cluster: Any = None) -> Prepared:
+def prepare(options: RunOptions, console: Console, cluster: Any = None, job: Any = None) -> Prepared:
     """Everything checked before the first probe: space, device, models, budget, settings, identity.
-    `cluster`: the Ray cluster joined for --ray (autotune.probe.cluster.connect.Cluster), or None."""
+    `cluster`: the Ray cluster joined for --ray (autotune.probe.cluster.connect.Cluster), or None; `job`:
+    the file of --from (autotune.run.from_file.JobFile), or None."""
     from autotune.config.rules import position_findings, raise_for
     from autotune.memory.model import Architecture
     from autotune.models.registry import resolve_model, resolve_reward_model
     from autotune.probe.devices import device_label
 
-    space, lengths = resolve_space(options, console)
+    space, lengths, from_file = resolve_space(options, console, job)
     check_engine_knobs(space, options.engine)
     if options.target == "trl" or options.engine == "trl":
         check_trl_space(space)
@@ -285,7 +289,7 @@ def prepare(options: RunOptions, console: Console, cluster: Any = None) -> Prepa
     label = f"cuda {card[0]}" if card else device_label(device)
     identity = study_identity(actor, reward, settings, label, budget, lengths, space.recipe())
     share = run_log.generation_share if run_log is not None else None
-    return Prepared(space, settings, budget, model, lengths, identity, share)
+    return Prepared(space, settings, budget, model, lengths, identity, share, from_file)
 
 
 def run_device(options: RunOptions, space: SearchSpace, cluster: Any) -> tuple[str, tuple[str, int] | None]:
@@ -302,22 +306,42 @@ def run_device(options: RunOptions, space: SearchSpace, cluster: Any) -> tuple[s
     return device, gpu_card() if device == "cuda" else None
 
 
-def resolve_space(options: RunOptions, console: Console) -> tuple[SearchSpace, Any]:
-    """The space with the command line's model, GPUs, reward model and recipe flags, fitted to `--data`."""
+def resolve_space(options: RunOptions, console: Console, job: Any = None) -> tuple[SearchSpace, Any, Any]:
+    """The space with the command line's model, GPUs, reward model and recipe flags, fitted to `--data`; or
+    the space of the file of --from (`job`), with what the flags overrode (else None)."""
     from autotune.space.model import space_from_dict
     from autotune.space.schema import read_space
 
-    data, source, name = read_space(options.space)
+    from_file = None
+    if job is not None:
+        from autotune.run.from_file import job_space, say_overrides
+
+        from_file = job_space(job, options, _device_guess(options))
+        say_overrides(job, from_file, console)
+        data, source, name = from_file.data, str(job.path), f"from-{job.path.stem}"
+    else:
+        data, source, name = read_space(options.space)
     space = space_from_dict(command_line_space(data, options, source), source=source, name=name)
     if options.data is None:
-        return space, None
+        return space, None, from_file
     from autotune.data.lengths import measure_lengths
 
     lengths = measure_lengths(options.data, space.model, options.prompt_key, options.response_key)
     space, notes = fit_space_to_data(space, lengths)
     for note in notes:
         console.print(f"--data {options.data}: {note}")
-    return space, lengths
+    return space, lengths, from_file
+
+
+def _device_guess(options: RunOptions) -> str:
+    """The probes' device before it is checked: --device, else CUDA where a GPU (or a Ray cluster) is."""
+    if options.device != "auto":
+        return options.device
+    if options.ray:
+        return "cuda"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 FLAGS = {TRAIN: "--train-batch-size", MINI: "--mini-batch-size"}
