@@ -202,3 +202,37 @@ def test_a_plus_key_is_found_without_its_plus_and_added_with_it():
     tuned = tune_launch_script(script, {"++critic.fsdp.x": "4", "++critic.fsdp.y": "5"}, call_line=1)
     assert "+critic.fsdp.x=4" in tuned and "++critic.fsdp.y=5" in tuned
     assert tune_override_file("+critic.fsdp.x=2\n", {"++critic.fsdp.x": "4"}) == "+critic.fsdp.x=4\n"
+
+
+def test_dynamic_batch_size_turned_off_is_written_where_the_file_has_it_on(verl_job):
+    values = {**verl_job.target.overrides, f"{AR}.actor.use_dynamic_bsz": True}
+    best = dataclasses.replace(verl_job.config, micro_batch_size=2, gradient_accumulation_steps=4)
+    changes = verl_changes(best, 1, ["use_dynamic_bsz", "micro_batch_size"], values)
+    assert changes[f"{AR}.actor.use_dynamic_bsz"] == "false"
+    assert changes[f"{AR}.actor.ppo_micro_batch_size_per_gpu"] == "2"
+
+
+def test_trl_accumulation_keeps_the_files_mini_batch_whatever_the_rehearsal(tmp_path):
+    job = read_job_file(write(tmp_path, "trl.yaml", TRL))  # 2 × 4 = 8 samples per process and step
+    rehearsal = dataclasses.replace(job.config, micro_batch_size=4, gradient_accumulation_steps=4)
+    changes = trl_changes(rehearsal, ["micro_batch_size"], yaml.safe_load(TRL))
+    assert changes == {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}
+    with pytest.raises(ValueError, match="does not divide"):
+        trl_changes(
+            dataclasses.replace(rehearsal, micro_batch_size=16), ["micro_batch_size"], yaml.safe_load(TRL)
+        )
+
+
+def test_a_job_over_several_nodes_is_not_probed_on_one_machine_unasked(tmp_path):
+    job = read_job_file(write(tmp_path, "o.txt", OVERRIDES.replace("trainer.nnodes=1", "trainer.nnodes=2")))
+    with pytest.raises(UserError, match=r"spans 2 nodes .*--nodes 2"):
+        job_space(job, RunOptions(), device="cpu")
+    rehearsal = job_space(job, RunOptions(gpus=1), device="cpu")
+    assert rehearsal.overridden[0] == "--gpus 1 (the file: 2)"
+
+
+def test_a_trl_config_without_a_model_takes_the_flags(tmp_path):
+    job = read_job_file(write(tmp_path, "trl.yaml", TRL.replace("model_name_or_path: tiny-llama\n", "")))
+    with pytest.raises(UserError, match="names no model: pass --model"):
+        job_space(job, RunOptions(), device="cpu")
+    assert job_space(job, RunOptions(model="tiny-llama"), device="cpu").data["model"] == "tiny-llama"

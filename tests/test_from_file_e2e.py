@@ -5,6 +5,7 @@ composed from what bash hands the trainer, TRL's own parser, and `autotune check
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -14,6 +15,10 @@ import yaml
 
 from autotune.formats.launch_script import read_launch_script
 from autotune.formats.trl_read import parse_trl, trl_importable
+from autotune.run.from_file import job_space, read_job_file
+from autotune.run.prepare import RunOptions
+from autotune.run.tuned import write_tuned_file
+from autotune.space.model import space_from_dict
 from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.e2e
@@ -78,7 +83,36 @@ def test_the_tuned_script_runs_as_the_original_with_the_tuned_values(verl_run, v
     for key, value in changes.items():
         assert str(_select(after, key.lstrip("+"))).lower() == value.lower(), key
     report = (tuned.parent / "report.md").read_text()
-    assert "## Your file, tuned" in report and "cpu_tiny_llama_grpo_lora.sh:" in report
+    assert "## Your file, tuned" in report
+    assert ("cpu_tiny_llama_grpo_lora.sh:" in report) == bool(changes)  # the diff, when there is one
+
+
+def test_a_pick_that_differs_is_written_into_the_script_and_composes_in_verl(tmp_path, verl_compose):
+    """Whatever the run above picked on a busy machine, a pick away from the file's settings (dynamic batch
+    size on with its budgets, checkpointing off, a larger micro batch) goes into the script where verl reads
+    it: bash hands it to the trainer, and verl's config composes to it."""
+    job = read_job_file(VERL_SCRIPT)
+    space = space_from_dict(job_space(job, RunOptions(), device="cpu").data, source="job", name="job")
+    best = dataclasses.replace(
+        job.config,
+        micro_batch_size=4,
+        gradient_accumulation_steps=2,
+        gradient_checkpointing=False,
+        use_dynamic_bsz=True,
+        ppo_max_token_len_per_gpu=192,
+        log_prob_max_token_len_per_gpu=384,
+    )
+    tuned = write_tuned_file(job, space, best, tmp_path)
+    assert subprocess.run(["bash", "-n", str(tuned.path)], check=False).returncode == 0
+    after = verl_compose(hydra_words(tuned.path))
+    before = verl_compose(hydra_words(VERL_SCRIPT))
+    for key in RECIPE_KEYS:
+        assert _select(after, key) == _select(before, key), key
+    actor = after.actor_rollout_ref
+    assert actor.actor.use_dynamic_bsz is True and actor.actor.ppo_max_token_len_per_gpu == 192
+    assert actor.rollout.log_prob_max_token_len_per_gpu == 384
+    assert actor.model.enable_gradient_checkpointing is False
+    assert any(line.startswith("cpu_tiny_llama_grpo_lora.sh:") and " - " in line for line in tuned.diff)
 
 
 def test_check_on_the_tuned_script_gives_the_studys_verdict(verl_run):

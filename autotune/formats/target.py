@@ -63,6 +63,7 @@ class Target:
     device: str | None = None  # the device the file says it runs on (TRL's use_cpu); None: a GPU's
     prompt_known: bool = True  # False: the file cannot say its prompts' length (TRL's, not autotune's)
     call_line: int | None = None  # a launch script's: the line of the trainer call that was read
+    call_file: str | None = None  # and the file it is written in (another, when the script sources it)
 
     def __post_init__(self) -> None:
         # YAML and Hydra type a bare `1` or `true` as a number or a boolean; a model path is text.

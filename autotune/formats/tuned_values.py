@@ -13,6 +13,7 @@ from what the trainer reads in the file today (its value, else the trainer's def
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -26,6 +27,7 @@ from autotune.formats.verl_table import ROUTES, Job
 __all__ = ["trl_changes", "verl_changes"]
 
 MICRO, ACCUM = "micro_batch_size", "gradient_accumulation_steps"  # ProbeConfig's fields
+DYNAMIC = "use_dynamic_bsz"
 
 
 def verl_changes(
@@ -37,11 +39,13 @@ def verl_changes(
     refuses to read together with it."""
     searched = set(knobs)
     job = Job(config, gpus, None, None)
+    # dynamic batch size turned off is written where it would be on: the file may have it on
+    dynamic = Job(dataclasses.replace(config, use_dynamic_bsz=True), gpus, None, None)
     changes: dict[str, str] = {}
     for route in ROUTES:
         if route.knob not in searched or not route.reads:
             continue
-        for key in route.written(job):
+        for key in route.written(dynamic if route.knob == DYNAMIC else job):
             bare = key.name.lstrip("+")
             value = key.value(job)
             if _same(effective(bare, file_values), value):
@@ -54,12 +58,21 @@ def verl_changes(
 
 
 def trl_changes(config: ProbeConfig, knobs: Iterable[str], file_data: Mapping[str, Any]) -> dict[str, Any]:
-    """TRL's fields that carry `knobs` of `config` (the accumulation steps with the micro batch: together
-    they keep the mini batch) and differ from what TRL reads in the file `file_data` (its YAML mapping).
+    """TRL's fields that carry `knobs` of `config` and differ from what TRL reads in the file `file_data` (its
+    YAML mapping). With the micro batch go the accumulation steps that keep the file's own mini batch per
+    process (the study may have measured a rehearsal's); ValueError when the micro batch does not divide it.
     Gradient checkpointing keeps the name the file uses for it (transformers' old one or its new one)."""
     searched = set(knobs) | ({ACCUM} if MICRO in knobs else set())
-    fields = trl_format.trl_fields(config).grpo
     read = parse_trl(dict(file_data), where="the file")
+    share = read["per_device_train_batch_size"] * read["gradient_accumulation_steps"]
+    if MICRO in searched and share % config.micro_batch_size:
+        raise ValueError(
+            f"per_device_train_batch_size {config.micro_batch_size} does not divide the file's "
+            f"{share} samples per process and optimizer step"
+        )
+    if MICRO in searched:
+        config = dataclasses.replace(config, gradient_accumulation_steps=share // config.micro_batch_size)
+    fields = trl_format.trl_fields(config).grpo
     changes: dict[str, Any] = {}
     for route in trl_format.ROUTES:
         if route.knob not in searched or not route.reads:

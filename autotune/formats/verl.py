@@ -58,8 +58,10 @@ from autotune.formats.verl_table import (
 
 __all__ = [
     "AR",
+    "DEPRECATED_MICRO",
     "VerlOverrides",
     "format_overrides",
+    "format_value",
     "need_critic",
     "need_reference",
     "override_lines",
@@ -186,11 +188,12 @@ def read_overrides(
     refuses (unknown keys, ...) is a finding: verl would refuse the file at start-up; a line that cannot be
     read is a UserError."""
     notes: list[str] = []
-    call_line = None
+    call_line, call_file = None, None
     if looks_like_launch_script(text):
         script = _read_script(text, where, path, call)
         lines, notes = script.lines, script.notes
-        call_line = script.call.line if script.call is not None else None
+        if script.call is not None:
+            call_line, call_file = script.call.line, script.call.command.file
     else:
         lines = override_lines(text)
     values, refused = read_lines(lines, where, verl_keys())
@@ -219,6 +222,7 @@ def read_overrides(
         overrides=values,
         engine=engine,
         call_line=call_line,
+        call_file=call_file,
     )
 
 
@@ -251,6 +255,7 @@ def _config(get: Any, values: Mapping[str, Any], gpus: int) -> ProbeConfig | Non
     micro = _micro(get, max(1, mini * n // gpus), budget, length, gpus)
     if micro is None:
         return None
+    update = (budget or micro * length) if dynamic else None
     lora = get(f"{AR}.model.lora_rank")
     forward = _int_or(_per_gpu(get, f"{AR}.rollout.log_prob_micro_batch_size_per_gpu", gpus), None)
     return ProbeConfig(
@@ -275,7 +280,19 @@ def _config(get: Any, values: Mapping[str, Any], gpus: int) -> ProbeConfig | Non
         max_num_seqs=_int_or(values.get(f"{AR}.rollout.max_num_seqs"), None),
         use_dynamic_bsz=dynamic,
         ppo_max_token_len_per_gpu=None if budget in (None, micro * length) else budget,
+        # the forward passes' and the critic's budgets: the file's own only (unset or the actor's: None)
+        log_prob_max_token_len_per_gpu=_own_budget(
+            values, f"{AR}.rollout.log_prob_max_token_len_per_gpu", update
+        ),
+        critic_max_token_len_per_gpu=_own_budget(values, CRITIC_ENGINE_BUDGET.lstrip("+"), update),
     )
+
+
+def _own_budget(values: Mapping[str, Any], key: str, update: int | None) -> int | None:
+    """A token budget the file sets itself beside the update's `update` (None: no dynamic batch size, when
+    verl reads no budget); one equal to the update's reads as None, which means it."""
+    value = values.get(key)
+    return value if update is not None and _whole(value) and value != update else None
 
 
 def _whole(value: Any) -> bool:

@@ -49,7 +49,16 @@ from autotune.space.specs import (
     WORKERS,
 )
 
-__all__ = ["FileSpace", "JobFile", "job_space", "read_job_file"]
+__all__ = [
+    "FileSpace",
+    "JobFile",
+    "check_baseline",
+    "device_guess",
+    "file_space",
+    "job_space",
+    "mini_batch_of",
+    "read_job_file",
+]
 
 VERL_KIND = "verl overrides"  # Target.kind of a verl override file or launch script
 MINI_KEY = "actor_rollout_ref.actor.ppo_mini_batch_size"
@@ -76,13 +85,19 @@ class JobFile:
 
     @property
     def mini_batch(self) -> int:
-        """Samples per optimizer step as the file says it (verl counts prompts × rollout.n)."""
-        if self.trainer == "verl":
-            prompts = effective(MINI_KEY, self.target.overrides or {})
-            if isinstance(prompts, int) and not isinstance(prompts, bool) and prompts > 0:
-                return prompts * self.config.rollout_n
-        c = self.config
-        return c.micro_batch_size * c.gradient_accumulation_steps * self.gpus
+        return mini_batch_of(self.target, self.trainer)
+
+
+def mini_batch_of(target: Target, trainer: str) -> int:
+    """Samples per optimizer step as a file says it: verl counts prompts × rollout.n, TRL micro batch ×
+    accumulation steps × processes."""
+    assert target.config is not None
+    c = target.config
+    if trainer == "verl":
+        prompts = effective(MINI_KEY, target.overrides or {})
+        if isinstance(prompts, int) and not isinstance(prompts, bool) and prompts > 0:
+            return prompts * c.rollout_n
+    return c.micro_batch_size * c.gradient_accumulation_steps * (target.gpus or 1)
 
 
 @dataclass
@@ -118,10 +133,6 @@ def read_job_file(path: Path, call: int | None = None) -> JobFile:
             f"--from {path}: the file does not give the batch sizes a study holds (data.train_batch_size, "
             f"{MINI_KEY}, actor_rollout_ref.rollout.n and a micro batch or use_dynamic_bsz): set them in it"
         )
-    if not target.model:
-        raise UserError(
-            f"--from {path}: the file names no model (actor_rollout_ref.model.path): pass --model"
-        )
     return JobFile(Path(path), target, trainers[target.kind], call)
 
 
@@ -139,9 +150,12 @@ def job_space(job: JobFile, options: Any, device: str) -> FileSpace:
     """The space YAML of the file's job with the run's flags (`options`: RunOptions) applied, on `device`."""
     config = job.config
     result = FileSpace({})
-    gpus = _gpus(job, options, result)
+    gpus = _gpus(job, options, result)  # on each node
+    ranks = gpus * max(1, options.nodes)
     train = _flag(options.train_batch_size, config.train_batch_size, "--train-batch-size", result)
     mini = _flag(options.mini_batch_size, job.mini_batch, "--mini-batch-size", result)
+    if not (options.model or job.target.model):
+        raise UserError(f"--from {job.path}: the file names no model: pass --model")
     model = _flag(options.model, job.target.model, "--model", result)
     if options.model is None:
         _check_model(job, model)
@@ -151,8 +165,8 @@ def job_space(job: JobFile, options: Any, device: str) -> FileSpace:
         result.overridden.append(f"--data {options.data} (the prompts and lengths of the probes)")
     if device == "cpu":
         _check_cpu_size(job, train, config.sequence_length)
-    knobs = _recipe_knobs(config, train, mini) | _system_knobs(job, gpus, train, mini, device, result)
-    seed = _seed(job, knobs, gpus, mini, result)
+    knobs = _recipe_knobs(config, train, mini) | _system_knobs(job, ranks, train, mini, device, result)
+    seed = _seed(job, knobs, ranks, mini, result)
     result.data = {
         "description": f"{job.path.name}: its recipe held, its system searched",
         "model": model,
@@ -192,15 +206,22 @@ def _check_cpu_size(job: JobFile, train: int, length: int) -> None:
     raise UserError(
         f"--from {job.path}: a step of this recipe is {train} samples × {length} tokens = {tokens:,} "
         f"tokens, hours a probe on CPU (at most {CPU_STEP_TOKENS:,} here): run it on the job's GPUs, or "
-        f"rehearse with a smaller batch (--train-batch-size, --mini-batch-size, --gpus) and, for shorter "
-        f"lengths, a copy of the file with smaller data.max_prompt_length/max_response_length"
+        f"rehearse with a smaller batch (--train-batch-size, --mini-batch-size) and, for shorter lengths, a "
+        f"copy of the file with smaller data.max_prompt_length/max_response_length"
     )
 
 
 def _gpus(job: JobFile, options: Any, result: FileSpace) -> int:
-    """--gpus (on each of --nodes), else the file's trainer.n_gpus_per_node × trainer.nnodes."""
+    """--gpus (on each of --nodes), else the file's trainer.n_gpus_per_node (its trainer.nnodes are
+    --nodes': a job over several machines is not probed on one without being told)."""
+    nodes = effective("trainer.nnodes", job.target.overrides or {}) if job.trainer == "verl" else 1
+    if options.gpus is None and isinstance(nodes, int) and nodes > 1 and options.nodes != nodes:
+        raise UserError(
+            f"--from {job.path}: the job spans {nodes} nodes (trainer.nnodes): pass --ray ADDRESS --nodes "
+            f"{nodes} to probe it as it runs, or --gpus N for a rehearsal on this machine"
+        )
     if options.gpus is None:
-        return job.gpus if options.nodes <= 1 else max(1, job.gpus // options.nodes)
+        return max(1, job.gpus // max(1, options.nodes))
     if options.gpus * options.nodes != job.gpus:
         result.overridden.append(f"--gpus {options.gpus * options.nodes} (the file: {job.gpus})")
     return options.gpus
@@ -328,6 +349,38 @@ def _on_grid(value: int, limit: int) -> int:
     while limit % grid:
         grid //= 2
     return grid
+
+
+def file_space(options: Any, console: Any, job: JobFile) -> tuple[dict[str, Any], str, str, FileSpace]:
+    """The space YAML of --from's file for `resolve_space`: (data, source, name, what the flags changed),
+    said on the console."""
+    made = job_space(job, options, device_guess(options))
+    say_overrides(job, made, console)
+    return made.data, str(job.path), f"from-{job.path.stem}", made
+
+
+def device_guess(options: Any) -> str:
+    """The probes' device before it is checked: --device, else CUDA where a GPU (or a Ray cluster) is."""
+    if options.device != "auto":
+        return options.device
+    if options.ray:
+        return "cuda"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_baseline(space: Any, job: JobFile) -> None:
+    """The file's own settings must be a trial of the space: the gain is measured against them."""
+    from autotune.space.model import misfits
+
+    reasons = [why for _, why in space.unfit_seeds]
+    for seed in space.seed_configs:
+        reasons += misfits(space, seed.config)
+    if reasons:
+        raise UserError(
+            f"--from {job.path}: your settings cannot be probed as the baseline: {'; '.join(reasons)}"
+        )
 
 
 def say_overrides(job: JobFile, space: FileSpace, console: Any) -> None:

@@ -314,14 +314,16 @@ def resolve_space(options: RunOptions, console: Console, job: Any = None) -> tup
 
     from_file = None
     if job is not None:
-        from autotune.run.from_file import job_space, say_overrides
+        from autotune.run.from_file import file_space
 
-        from_file = job_space(job, options, _device_guess(options))
-        say_overrides(job, from_file, console)
-        data, source, name = from_file.data, str(job.path), f"from-{job.path.stem}"
+        data, source, name, from_file = file_space(options, console, job)
     else:
         data, source, name = read_space(options.space)
     space = space_from_dict(command_line_space(data, options, source), source=source, name=name)
+    if job is not None:
+        from autotune.run.from_file import check_baseline
+
+        check_baseline(space, job)
     if options.data is None:
         return space, None, from_file
     from autotune.data.lengths import measure_lengths
@@ -331,17 +333,6 @@ def resolve_space(options: RunOptions, console: Console, job: Any = None) -> tup
     for note in notes:
         console.print(f"--data {options.data}: {note}")
     return space, lengths, from_file
-
-
-def _device_guess(options: RunOptions) -> str:
-    """The probes' device before it is checked: --device, else CUDA where a GPU (or a Ray cluster) is."""
-    if options.device != "auto":
-        return options.device
-    if options.ray:
-        return "cuda"
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 FLAGS = {TRAIN: "--train-batch-size", MINI: "--mini-batch-size"}

@@ -34,9 +34,9 @@ from autotune.formats.tuned_file import (
     tuned_path,
 )
 from autotune.formats.tuned_values import trl_changes, verl_changes
-from autotune.formats.verl import parse_overrides
+from autotune.formats.verl import parse_overrides, verl_rule_violations
 from autotune.report.write import SUMMARY_FILE
-from autotune.run.from_file import JobFile
+from autotune.run.from_file import JobFile, mini_batch_of
 from autotune.space.model import SearchSpace
 from autotune.space.specs import SYSTEM_KNOBS
 from autotune.status import Attr
@@ -88,8 +88,12 @@ def tuned_text(job: JobFile, space: SearchSpace, best: ProbeConfig) -> tuple[str
     if not verl:
         return text, {}
     if looks_like_launch_script(text):
-        line = job.target.call_line or 1
-        return tune_launch_script(text, verl, line), dict(verl)
+        called_in = job.target.call_file
+        if called_in is not None and Path(called_in).resolve() != job.path.resolve():
+            raise ValueError(
+                f"the trainer is started in {called_in}, which the script sources: tune that file"
+            )
+        return tune_launch_script(text, verl, job.target.call_line or 1), dict(verl)
     return tune_override_file(text, verl), dict(verl)
 
 
@@ -123,10 +127,13 @@ def _check_copy(job: JobFile, path: Path, changes: dict[str, Any]) -> None:
     if again.config is None:
         raise UserError(f"{where}: it no longer gives the batch sizes; it was not kept")
     moved = [name for name in RECIPE_FIELDS if getattr(again.config, name) != getattr(original, name)]
+    if mini_batch_of(again, job.trainer) != job.mini_batch:
+        moved.append("mini_batch_size")
     if moved:
         raise UserError(f"{where}: its recipe reads differently ({', '.join(moved)}); it was not kept")
     if job.trainer == "verl":
         _check_verl_values(job, again.overrides or {}, changes, where)
+        _check_verl_rules(job, again.overrides or {}, where)
     else:
         _check_trl_values(job, path, changes, where)
 
@@ -142,6 +149,17 @@ def _check_verl_values(job: JobFile, values: dict[str, Any], changes: dict[str, 
             f"{key}={values.get(key)!r} (wanted {expected.get(key)!r})" for key in differing[:3]
         )
         raise UserError(f"{where}: reads {shown}; it was not kept")
+
+
+def _check_verl_rules(job: JobFile, values: dict[str, Any], where: str) -> None:
+    """verl's own start-up rules on the job's GPUs: a value measured on a rehearsal (other GPUs, another
+    batch) may not divide the real job's share of the batch. Rules the original already broke are its own."""
+    before = set(verl_rule_violations(job.target.overrides or {}, job.gpus))
+    broken = [rule for rule in verl_rule_violations(values, job.gpus) if rule not in before]
+    if broken:
+        raise UserError(
+            f"{where}: verl would refuse it on the job's {job.gpus} GPU(s): {broken[0]}; not kept"
+        )
 
 
 def _check_trl_values(job: JobFile, path: Path, changes: dict[str, Any], where: str) -> None:
