@@ -98,8 +98,8 @@ def test_scenario_1_without_checkpointing_does_not_fit(tmp_path):
     assert memory["predicted_peak_gib"] > 80 and memory["phases_gib"]["update"] > 100
     fix = report["problems"][0]["fix"]
     # checkpointing alone fits: it comes first, before the article's batch steps (and no length is cut)
-    assert fix.startswith("gradient_checkpointing: true alone: 26.0 GiB fits")
-    assert fix.index("micro_batch_size 32→16") < fix.index("+ gradient_checkpointing: true")
+    assert fix.startswith("fits with any one of: 1) gradient_checkpointing: true alone: 26.0 GiB;")
+    assert "2) micro_batch_size 32→8: " in fix  # or the micro batch alone, halved until it fits
     assert "max_prompt_length" not in fix
     assert "gradient_accumulation_steps does not lower the peak" in fix
 
@@ -146,9 +146,39 @@ def test_scenario_2_does_not_fit_four_a100_40g_as_computed_by_hand():
     assert memory["predicted_peak_gib"] > 40 and memory["fits"] is False
     problem = report["problems"][0]
     assert "FULL_SHARD over 4 GPUs" in problem["problem"] and "÷ 4" in problem["problem"]
-    # first aid: smaller batches and lengths are not enough (the states are 96 GiB); LoRA or offload helps
-    assert "micro_batch_size 16→8" in problem["fix"] and "rollout_batch_size" not in problem["fix"]
-    assert "use_lora: true (r=16)" in problem["fix"] and "offload_policy: true" in problem["fix"]
+    # first aid: a smaller micro batch lowers nothing (the states, 96 GiB, decide): never offered; LoRA or
+    # offload, each alone, fits
+    assert "micro_batch_size" not in problem["fix"] and "rollout_batch_size" not in problem["fix"]
+    assert "1) use_lora: true (r=16): " in problem["fix"] and "offload_policy: true" in problem["fix"]
+
+
+def test_first_aid_offers_the_knob_of_the_phase_that_decides(tmp_path):
+    """Qwen2.5-7B GRPO on 8 × A100-80G, micro batch 16, log-prob micro batch 32, 1024/2048 tokens: the
+    scoring phase decides the peak, so halving the micro batch changes nothing and is not offered; the
+    log-prob micro batch is, and it fits."""
+    overrides = "\n".join(
+        [
+            "algorithm.adv_estimator=grpo",
+            "data.train_batch_size=256",
+            "data.max_prompt_length=1024",
+            "data.max_response_length=2048",
+            "actor_rollout_ref.model.path=qwen2.5-7b",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.rollout.n=5",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+            "trainer.n_gpus_per_node=8",
+            "trainer.nnodes=1",
+        ]
+    )
+    exit_code, report = _check(_write(tmp_path, overrides + "\n", "q7b.txt"), gpu="a100-80g", cores=64)
+    memory = next(p for p in report["problems"] if p["check"] == "memory")
+    assert exit_code == 1 and "scoring phase" in memory["problem"]
+    assert memory["fix"].startswith("fits with any one of: 1) log_prob_micro_batch_size 32→16: ")
+    assert "micro_batch_size 16→" not in memory["fix"]
 
 
 def test_scenario_2_sharding_is_what_makes_the_difference():

@@ -7,12 +7,13 @@ shorten the lengths (never below what the data needs), then trade time for memor
 then change what is trained (LoRA) or where the states live (FSDP with CPU offload). Raising gradient
 accumulation does not lower the peak: it only lengthens the step.
 
-`check`'s first aid puts the switches that change no batch and no length (`switches`: gradient checkpointing
-on, the states sharded over the GPUs) first when one makes the config fit by itself, and before shorter
-lengths in the steps when it makes them fit: the data keeps its lengths and the recipe its batches.
+`check`'s first aid offers only fixes that fit, each whole with its predicted peak: a switch that changes
+no batch and no length (`switches`: gradient checkpointing on, the states sharded over the GPUs) alone first;
+then the batch knobs halved while that lowers the peak, with what else is needed on top; then LoRA or
+offload alone. A change that lowers nothing (its phase does not decide the peak) is never offered.
 
     [r.change for r in remedies(config)]          # the report's tips for a trial that did not fit
-    first_aid(model, config, limit, lengths)      # `check`: each step on top of the previous, with its peak
+    first_aid(model, config, limit, lengths)      # `check`: "fits with any one of: 1) ...: 63.3 GiB; 2) ..."
 """
 
 from __future__ import annotations
@@ -147,45 +148,118 @@ def first_aid(
     model: MemoryModel, config: ProbeConfig, limit: float, lengths: tuple[int, int] | None = None
 ) -> str:
     """First aid for a config (held as it says) predicted above `limit` bytes per rank by `model` (the
-    study's memory model): a switch that fits alone first, then the article's steps, each on top of the
-    previous with the predicted peak after it; a switch comes before shorter lengths when it makes it fit."""
+    study's memory model). Every fix offered fits, each a whole change with its predicted peak: a switch that
+    fits alone (no batch or length changes) first; then the batch knobs in the article's order, each halved
+    while that lowers the peak (a knob whose halving lowers nothing, because another phase decides the peak,
+    is not offered), with a switch, shorter lengths, LoRA or offload on top as far as needed and no further;
+    then LoRA or offload alone. When nothing fits, the line says so with the closest."""
 
     def fits(c: ProbeConfig) -> bool:
         return model.predict(c) <= limit
 
-    def mark(c: ProbeConfig) -> str:
-        return f"{gib(model.predict(c), None)} GiB" + (" fits" if fits(c) else "")
+    def shown(c: ProbeConfig) -> str:
+        return f"{gib(model.predict(c), None)} GiB"
 
-    by_name = {r.name: r for r in remedies(config, lengths, model.world_size)}
-    steps: list[str] = []
-    current = config
-    # verl's passes have no generate phase (vLLM's pool is sized by its share): the forward micro batch, not
-    # the rollout batch, is the next knob; under dynamic batch size the budgets take the micro batches' place
-    order = ("micro", "budget", "forward_micro") if model.passes == "verl" else ("micro", "rollout")
-    for name in (*order, "switch", "lengths"):
-        if fits(current):
-            break
-        if name == "switch":
-            found = [r for r in switches(current, model.world_size) if fits(r.config)]
-            remedy = found[0] if found else None
-        else:
-            remedy = by_name.get(name)
-        if remedy is not None:
-            current = _on_top(current, remedy)
-            steps.append(f"{'+ ' if steps else ''}{remedy.change}: {mark(current)}")
-    options = [by_name[n] for n in ("lora", "offload") if n in by_name]
-    if options and not fits(current):
-        steps.append(" or ".join(f"+ {r.change}: {mark(_on_top(current, r))}" for r in options))
-    numbered = "; ".join(f"{i}) {step}" for i, step in enumerate(steps, start=1))
-    alone = [
-        (f"{r.change} alone: {mark(r.config)}", fits(r.config)) for r in switches(config, model.world_size)
-    ]
+    alone = [r for r in switches(config, model.world_size) if fits(r.config)]
+    offered = [f"{r.change} alone: {shown(r.config)}" for r in alone]
+    stages = _stages(model, config, limit, lengths)
+    combined = _apply(config, stages)
+    texts = [text for text, _ in stages]
+    if stages and fits(combined):
+        offered.append(f"{', '.join(texts)}: {shown(combined)}")
+    for name in ("lora", "offload"):  # what is trained, or where the states live, alone
+        remedy = _next_remedy(model, config, name, lengths)
+        if remedy is not None and fits(remedy.config) and texts != [remedy.change]:
+            offered.append(f"{remedy.change} alone: {shown(remedy.config)}")
     note = GRADIENT_ACCUMULATION_NOTE.capitalize()
-    if any(fit for _, fit in alone):  # first: the data keeps its lengths, the recipe its batches
-        lead = " or ".join(text for text, fit in alone if fit)
-        return f"{lead} (no batch or length changes); else, in first-aid order: {numbered}. {note}"
-    tail = "".join(f" {text}." for text, _ in alone)
-    return f"in first-aid order: {numbered}.{tail} {note}"
+    if not offered:
+        closest = f"{', '.join(texts)}: {shown(combined)}" if stages else f"as it is: {shown(config)}"
+        return (
+            f"nothing autotune can change fits {gib(limit, None)} GiB (closest, {closest}): a larger card, "
+            f"more GPUs or a smaller model. {note}"
+        )
+    numbered = "; ".join(f"{i}) {fix}" for i, fix in enumerate(offered, start=1))
+    return f"fits with any one of: {numbered}. {note}"
+
+
+Stage = tuple[str, dict[str, Any]]  # a change as said, and the fields it sets
+
+
+def _stages(
+    model: MemoryModel, config: ProbeConfig, limit: float, lengths: tuple[int, int] | None
+) -> list[Stage]:
+    """The changes that make `config` fit, fewest first: the batch knobs halved while that lowers the peak,
+    then a switch, shorter lengths, LoRA, offload, each only when it lowers the peak; then every change the
+    rest fits without is dropped."""
+    current, stages = _halve_batches(model, config, limit)
+    for name in ("switch", "lengths", "lora", "offload"):
+        if model.predict(current) <= limit:
+            break
+        remedy = _next_remedy(model, current, name, lengths)
+        if remedy is not None and model.predict(_on_top(current, remedy)) < model.predict(current):
+            fields = {field: getattr(remedy.config, field) for field in CHANGES[remedy.name]}
+            stages.append((remedy.change, fields))
+            current = _with(current, **fields)
+    if model.predict(current) > limit:
+        return stages
+    for stage in list(stages[:-1]):
+        fewer = [s for s in stages if s is not stage]
+        if model.predict(_apply(config, fewer)) <= limit:
+            stages = fewer
+    return stages
+
+
+def _apply(config: ProbeConfig, stages: list[Stage]) -> ProbeConfig:
+    for _, fields in stages:
+        config = _with(config, **fields)
+    return config
+
+
+def _halve_batches(model: MemoryModel, config: ProbeConfig, limit: float) -> tuple[ProbeConfig, list[Stage]]:
+    """The batch knobs (verl: micro, token budgets, forward micro; else micro, rollout) halved in that order
+    while the config does not fit, each only while halving it lowers the peak; one stage per knob
+    (`micro_batch_size 16→4`)."""
+    order = ("micro", "budget", "forward_micro") if model.passes == "verl" else ("micro", "rollout")
+    first: dict[str, ProbeConfig] = {}  # each knob halved: the config before its first halving
+    current = config
+    while model.predict(current) > limit:
+        by_name = {r.name: r for r in remedies(current, None, model.world_size)}
+        lower = [
+            by_name[n]
+            for n in order
+            if n in by_name and model.predict(_on_top(current, by_name[n])) < model.predict(current)
+        ]
+        if not lower:
+            break
+        first.setdefault(lower[0].name, current)
+        current = _on_top(current, lower[0])
+    stages = [
+        (_change(name, before, current), {f: getattr(current, f) for f in CHANGES[name]})
+        for name, before in first.items()
+    ]
+    return current, stages
+
+
+def _change(name: str, before: ProbeConfig, after: ProbeConfig) -> str:
+    """One knob's whole change, `micro_batch_size 16→4` (the budgets: each that moved)."""
+    fields = CHANGES[name]
+    moved = [f for f in fields if getattr(before, f) != getattr(after, f)]
+    if name == "forward_micro":
+        return f"log_prob_micro_batch_size {before.forward_micro_batch_size}→{after.forward_micro_batch_size}"
+    if name == "budget":
+        old, new = before.token_budgets, after.token_budgets
+        return ", ".join(f"{f} {o}→{n}" for f, o, n in zip(BUDGETS, old, new, strict=True) if o != n)
+    return ", ".join(f"{f} {getattr(before, f)}→{getattr(after, f)}" for f in moved)
+
+
+def _next_remedy(
+    model: MemoryModel, current: ProbeConfig, name: str, lengths: tuple[int, int] | None
+) -> Remedy | None:
+    """The remedy `name` for `current`: a switch that lowers the peak most, or the article's remedy."""
+    if name == "switch":
+        found = switches(current, model.world_size)
+        return min(found, key=lambda r: model.predict(r.config)) if found else None
+    return next((r for r in remedies(current, lengths, model.world_size) if r.name == name), None)
 
 
 def trl_first_aid(
