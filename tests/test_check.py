@@ -414,7 +414,10 @@ def test_verl_override_files_are_checked_with_verls_rules(tmp_path):
     exit_code, report = _check(
         _write(tmp_path, format_overrides(values), "greedy.txt"), gpu="rtx4090", cores=8
     )
-    assert exit_code == 1 and any("the engine will not start" in p["problem"] for p in report["problems"])
+    memory = next(p for p in report["problems"] if p["check"] == "memory")
+    assert exit_code == 1 and "in the rollout phase" in memory["problem"]
+    assert report["memory"]["decided_by_phase"] == "rollout" and report["memory"]["verdict"] == "over"
+    assert memory["fix"].startswith("fits with any one of: 1) rollout.gpu_memory_utilization 0.9→")
     # a file without the rollout engine cannot start verl
     unnamed = {k: v for k, v in values.items() if k != "actor_rollout_ref.rollout.name"}
     exit_code, report = _check(

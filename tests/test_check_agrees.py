@@ -204,9 +204,10 @@ def test_the_article_yaml_and_an_override_file_read_one_layout(scenario, tmp_pat
         options = {"gpus": gpus, "gpu": gpu, "cores": 64}
         yaml_phases = check(CheckOptions(path=path, **options)).memory["phases_gib"]
         verl_phases = check(CheckOptions(path=override, **options)).memory["phases_gib"]
-        # both are verl jobs: its rollout is vLLM's pool (judged by the rollout share), and the training
-        # phases are the same
-        assert verl_phases == yaml_phases and "rollout" not in verl_phases
+        # both are verl jobs: the training phases are the same; the override file names the rollout share
+        # the export's rule gives, so its verdict has the rollout phase beside them (vLLM's pool)
+        assert yaml_phases == {k: v for k, v in verl_phases.items() if k != "rollout"}
+        assert "rollout" in verl_phases and "rollout" not in yaml_phases
 
 
 def test_sharding_is_proposed_first_when_it_suffices():

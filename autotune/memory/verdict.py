@@ -20,6 +20,7 @@ from autotune.formats.target import Measured, Target
 from autotune.memory.advice import first_aid, shorter_lengths, trl_first_aid
 from autotune.memory.budget import Budget
 from autotune.memory.model import TRL_PASSES, Architecture, MemoryModel
+from autotune.memory.rollout_phase import rollout_fix, rollout_phase
 from autotune.memory.sharded import MemoryEstimate, describe, estimate_with, model_label
 from autotune.units import GIB, gib
 
@@ -186,18 +187,30 @@ def _predicted_verdict(
     if card is None:
         note = f"{said}{on}: {text}; pass --gpu NAME or --memory GiB to compare it with the card"
         return [Finding("memory", note, severity="note")], info
-    verdict = _verdict(estimate.peak, card)
+    rollout = rollout_phase(target, card.bytes, _resident(estimate))
+    step_peak = max(estimate.peak, rollout.peak if rollout else 0)
+    decides = "rollout" if rollout and rollout.peak > estimate.peak else estimate.peak_phase
+    verdict = _verdict(step_peak, card)
     info.update(card_gib=card.bytes / GIB, limit_gib=round(card.limit / GIB, 3), verdict=verdict)
-    info["fits"] = verdict == "fits"
+    info.update(fits=verdict == "fits", step_peak_gib=round(step_peak / GIB, 2), decided_by_phase=decides)
+    if rollout is not None:
+        info["phases_gib"]["rollout"] = round(rollout.peak / GIB, 3)
     fix = ""
-    if verdict != "fits":
+    if decides == "rollout" and verdict != "fits":
+        assert rollout is not None
+        fix = rollout_fix(rollout, card, estimate.peak)
+    elif verdict != "fits":
         fix = _first_aid(model, config, card.limit, _lengths(config, report))
+    if decides == "rollout":
+        assert rollout is not None
+        said = (
+            f"predicted peak {gib(step_peak, None)} GiB per GPU in the rollout phase ({rollout.describe()})"
+        )
+        text = f"the training phases{on}: {gib(estimate.peak, None)} GiB, {text}"
+        on = ""
     line = f"{said}{on} {VERDICT_WORDS[verdict]} {card.label}{_headroom(card, verdict)}; {text}"
     found = [Finding("memory", line, fix, severity=SEVERITY[verdict])]
-    found += _at_the_limits(model, config, card, verdict, info)
-    if verdict == "over":
-        return found, info
-    return found + rollout_pool_findings(target, card.bytes, _resident(estimate)), info
+    return found + _at_the_limits(model, config, card, verdict, info), info
 
 
 def _at_the_limits(

@@ -1,0 +1,73 @@
+"""The rollout phase of a verl step, beside the training phases in the memory verdict.
+
+While vLLM generates, its pool (`rollout.gpu_memory_utilization` × the card: vLLM claims that share at
+start and on every wake) sits beside the training states that stay on the GPU (weights and Adam's states;
+verl frees the gradients after the update). The step's peak is the larger of that and the training phases.
+
+    phase = rollout_phase(target, card_bytes=80 * GIB, resident=43 * GIB)  # None: the file sets no share
+    phase.peak                                      # 43 + 0.6 × 80 = 91 GiB
+    rollout_fix(phase, card, training_peak)         # "... rollout.gpu_memory_utilization 0.6→0.35: ..."
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autotune.formats.target import Target
+from autotune.memory.budget import Budget
+from autotune.units import GIB, gib
+
+__all__ = ["SHARE_STEP", "RolloutPhase", "rollout_fix", "rollout_phase"]
+
+SHARE_STEP = 0.05  # a share a person writes
+SMALLEST_SHARE = 0.10  # below this vLLM's pool holds little beside its weights: not offered as a fix
+
+
+@dataclass(frozen=True)
+class RolloutPhase:
+    share: float  # rollout.gpu_memory_utilization
+    card_bytes: float
+    resident: int  # the training states left on the GPU while vLLM generates
+
+    @property
+    def pool(self) -> float:
+        return self.share * self.card_bytes
+
+    @property
+    def peak(self) -> int:
+        return int(self.resident + self.pool)
+
+    def describe(self) -> str:
+        return (
+            f"while vLLM generates, its pool {self.share:g} × {self.card_bytes / GIB:.1f} GiB = "
+            f"{self.pool / GIB:.1f} GiB sits beside the training states left on the GPU "
+            f"({self.resident / GIB:.1f} GiB): {gib(self.peak, None)} GiB"
+        )
+
+
+def rollout_phase(target: Target, card_bytes: float, resident: int) -> RolloutPhase | None:
+    """The rollout phase of the file's verl job on a card of `card_bytes`; None when the file sets no share
+    (verl's default then applies, and the export's rule sizes it: formats/rollout.py)."""
+    share = getattr(target.engine, "gpu_memory_utilization", None)
+    if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
+        return None
+    return RolloutPhase(float(share), card_bytes, resident)
+
+
+def rollout_fix(phase: RolloutPhase, card: Budget, training_peak: float) -> str:
+    """The rollout's own first aid, each fix fitting the study's limit: the largest share (a multiple of
+    SHARE_STEP) beside the resident states when the training phases fit too, else fewer states on the GPU."""
+    room = card.limit - phase.resident
+    share = math.floor(room / phase.card_bytes / SHARE_STEP + 1e-9) * SHARE_STEP
+    fewer = (
+        "fewer training states on the GPU while vLLM generates: param_offload and optimizer_offload "
+        "(verl moves them to the host for the rollout), LoRA, or sharding over more GPUs"
+    )
+    if share >= SMALLEST_SHARE and training_peak <= card.limit:
+        after = phase.resident + share * phase.card_bytes
+        return (
+            f"fits with any one of: 1) rollout.gpu_memory_utilization {phase.share:g}→{share:.2f}: "
+            f"{gib(after, None)} GiB (a smaller KV cache: generation may slow); else {fewer}"
+        )
+    return fewer

@@ -1,0 +1,68 @@
+"""The rollout phase in the memory verdict: vLLM's pool beside the training states left on the GPU, the
+step's peak the larger of it and the training phases, and the rollout's own first aid (issue 45's 7B full
+parameter GRPO job on 2 × 80 GiB with a share of 0.6, reported out of memory, was judged `tight`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autotune.check import CheckOptions, check
+from autotune.formats.rollout import RolloutEngine
+from autotune.formats.target import Target
+from autotune.memory.budget import Budget
+from autotune.memory.rollout_phase import rollout_fix, rollout_phase
+from autotune.units import GIB
+
+FULL_7B = """\
+algorithm.adv_estimator=grpo
+data.train_batch_size=64
+data.max_prompt_length=512
+data.max_response_length=1024
+actor_rollout_ref.model.path=qwen2.5-7b
+actor_rollout_ref.actor.ppo_mini_batch_size=16
+actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2
+actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4
+actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4
+actor_rollout_ref.actor.use_kl_loss=true
+actor_rollout_ref.rollout.n=4
+actor_rollout_ref.rollout.tensor_model_parallel_size=2
+actor_rollout_ref.rollout.gpu_memory_utilization=0.6
+trainer.n_gpus_per_node=2
+trainer.nnodes=1
+"""
+
+
+def _target(share: float | None) -> Target:
+    return Target(kind="verl overrides", config=None, engine=RolloutEngine(gpu_memory_utilization=share))
+
+
+def test_the_pool_sits_beside_the_resident_states():
+    phase = rollout_phase(_target(0.6), 80 * GIB, 43 * GIB)
+    assert phase is not None and phase.peak == int(43 * GIB + 0.6 * 80 * GIB)
+    assert rollout_phase(_target(None), 80 * GIB, 43 * GIB) is None  # no share named: the export's rule
+
+
+def test_the_rollout_fix_is_the_largest_share_that_fits_when_training_fits():
+    card = Budget(int(80 * GIB), 0.10)  # limit 72 GiB
+    phase = rollout_phase(_target(0.6), 80 * GIB, 43 * GIB)
+    fix = rollout_fix(phase, card, training_peak=60 * GIB)
+    assert fix.startswith("fits with any one of: 1) rollout.gpu_memory_utilization 0.6→0.35: ")
+    assert 43 + 0.35 * 80 <= 72
+    assert rollout_fix(phase, card, training_peak=75 * GIB).startswith("fewer training states")
+
+
+def test_a_share_that_cannot_start_beside_the_states_is_over_with_the_rollout_phase_named(tmp_path: Path):
+    path = tmp_path / "full_7b.txt"
+    path.write_text(FULL_7B)
+    result = check(CheckOptions(path=path, gpu="a100-80g", cores=64))
+    memory = result.memory
+    assert memory["verdict"] == "over" and memory["decided_by_phase"] == "rollout"
+    assert (
+        memory["phases_gib"]["rollout"] > 80 > memory["predicted_peak_gib"]
+    )  # the training phases fit the card
+    (problem,) = [f for f in result.problems if f.check == "memory"]
+    assert (
+        "in the rollout phase" in problem.problem
+        and "gpu_memory_utilization" not in problem.fix.split(":")[0]
+    )
+    assert problem.fix.startswith("fewer training states on the GPU")  # the training phases exceed the limit
