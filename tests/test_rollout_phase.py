@@ -13,6 +13,7 @@ from autotune.memory.budget import Budget
 from autotune.memory.rollout_phase import rollout_fix, rollout_phase
 from autotune.units import GIB
 
+DATA = Path(__file__).resolve().parent / "data"
 FULL_7B = """\
 algorithm.adv_estimator=grpo
 data.train_batch_size=64
@@ -66,3 +67,21 @@ def test_a_share_that_cannot_start_beside_the_states_is_over_with_the_rollout_ph
         and "gpu_memory_utilization" not in problem.fix.split(":")[0]
     )
     assert problem.fix.startswith("fewer training states on the GPU")  # the training phases exceed the limit
+
+
+def test_a_config_with_room_gets_the_system_knobs_that_fit_in_text_and_json():
+    """The seed article's §5.3 on an RTX 3090 peaks near 6 GiB of 24: checkpointing off and larger micro
+    batches fit, each said with its predicted peak; never a recipe change."""
+    result = check(CheckOptions(path=DATA / "seed_scenario_3.yaml", gpu="rtx3090", cores=8))
+    room = result.memory["room"]
+    changes = [entry["change"] for entry in room]
+    assert "gradient_checkpointing: false" in changes
+    assert all(entry["predicted_peak_gib"] <= result.memory["limit_gib"] for entry in room)
+    assert not any(name in " ".join(changes) for name in ("train_batch_size", "max_", "lora", "mini_batch"))
+    (note,) = [f for f in result.findings if f.key == "room"]
+    assert note.severity == "note" and "autotune run --from" in note.problem
+
+
+def test_a_config_without_room_gets_no_room_note():
+    result = check(CheckOptions(path=DATA / "seed_scenario_2.yaml", gpus=4, gpu="a100-40g", cores=8))
+    assert result.memory["verdict"] == "over" and "room" not in result.memory

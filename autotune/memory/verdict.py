@@ -21,6 +21,7 @@ from autotune.memory.advice import first_aid, shorter_lengths, trl_first_aid
 from autotune.memory.budget import Budget
 from autotune.memory.model import TRL_PASSES, Architecture, MemoryModel
 from autotune.memory.rollout_phase import rollout_fix, rollout_phase
+from autotune.memory.room import room_changes
 from autotune.memory.sharded import MemoryEstimate, describe, estimate_with, model_label
 from autotune.units import GIB, gib
 
@@ -210,7 +211,26 @@ def _predicted_verdict(
         on = ""
     line = f"{said}{on} {VERDICT_WORDS[verdict]} {card.label}{_headroom(card, verdict)}; {text}"
     found = [Finding("memory", line, fix, severity=SEVERITY[verdict])]
+    if verdict == "fits" and decides != "rollout":
+        found += _room(model, config, card, info)
     return found + _at_the_limits(model, config, card, verdict, info), info
+
+
+def _room(model: MemoryModel, config: ProbeConfig, card: Budget, info: dict[str, Any]) -> list[Finding]:
+    """A quarter of the card or more left free: the system knobs that room allows (`info["room"]`)."""
+    changes = room_changes(model, config, card)
+    info["room"] = [
+        {"change": change, "predicted_peak_gib": round(peak / GIB, 2)} for change, peak in changes
+    ]
+    if not changes:
+        return []
+    free = card.bytes - model.predict(config)
+    listed = "; ".join(f"{change}: {gib(peak, None)} GiB" for change, peak in changes)
+    note = (
+        f"room: {gib(free, None)} GiB of {card.label} is free at the peak; each of these fits alone: "
+        f"{listed}. A study measures what they buy: `autotune run --from` your verl or TRL file"
+    )
+    return [Finding("memory", note, severity="note", key="room")]
 
 
 def _at_the_limits(
