@@ -40,7 +40,9 @@ def _target(share: float | None) -> Target:
 def test_the_pool_sits_beside_the_resident_states():
     phase = rollout_phase(_target(0.6), 80 * GIB, 43 * GIB)
     assert phase is not None and phase.peak == int(43 * GIB + 0.6 * 80 * GIB)
-    assert rollout_phase(_target(None), 80 * GIB, 43 * GIB) is None  # no share named: the export's rule
+    default = rollout_phase(_target(None), 80 * GIB, 43 * GIB)  # no share named: verl's default
+    assert default is not None and default.assumed and default.share == 0.5
+    assert rollout_phase(Target(kind="TRL config", config=None), 80 * GIB, 43 * GIB) is None  # no engine
 
 
 def test_the_rollout_fix_is_the_largest_share_that_fits_when_training_fits():
@@ -49,7 +51,9 @@ def test_the_rollout_fix_is_the_largest_share_that_fits_when_training_fits():
     fix = rollout_fix(phase, card, training_peak=60 * GIB)
     assert fix.startswith("fits with any one of: 1) rollout.gpu_memory_utilization 0.6→0.35: ")
     assert 43 + 0.35 * 80 <= 72
-    assert rollout_fix(phase, card, training_peak=75 * GIB).startswith("fewer training states")
+    assert rollout_fix(phase, card, training_peak=75 * GIB).startswith("nothing the rollout")
+    offloaded = rollout_fix(phase, card, training_peak=75 * GIB, offloaded=(70 * GIB, 49 * GIB))
+    assert offloaded.startswith("fits with any one of: 1) param_offload: true and optimizer_offload: true")
 
 
 def test_a_share_that_cannot_start_beside_the_states_is_over_with_the_rollout_phase_named(tmp_path: Path):
@@ -58,15 +62,16 @@ def test_a_share_that_cannot_start_beside_the_states_is_over_with_the_rollout_ph
     result = check(CheckOptions(path=path, gpu="a100-80g", cores=64))
     memory = result.memory
     assert memory["verdict"] == "over" and memory["decided_by_phase"] == "rollout"
-    assert (
-        memory["phases_gib"]["rollout"] > 80 > memory["predicted_peak_gib"]
-    )  # the training phases fit the card
+    assert memory["rollout_peak_gib"] > 80 > memory["predicted_peak_gib"]  # the training phases fit the card
+    assert memory["phases_gib"]["rollout"] == 48.0  # the pool: 0.6 × 80 GiB
     (problem,) = [f for f in result.problems if f.check == "memory"]
     assert (
         "in the rollout phase" in problem.problem
         and "gpu_memory_utilization" not in problem.fix.split(":")[0]
     )
-    assert problem.fix.startswith("fewer training states on the GPU")  # the training phases exceed the limit
+    assert problem.fix.startswith(
+        "nothing the rollout"
+    )  # the training phases exceed the limit, offloaded too
 
 
 def test_a_config_with_room_gets_the_system_knobs_that_fit_in_text_and_json():

@@ -149,7 +149,7 @@ def test_check_agrees_with_the_probes(budget_study, tmp_path):
     over = check(CheckOptions(path, memory_gib=BUDGET_GIB, data=data, model="tiny-llama"))
     assert over.exit_code == 1 and over.memory["verdict"] == "over", [f.line for f in over.findings]
     fix = next(f.fix for f in over.problems if f.check == "memory")
-    assert fix.startswith("in TRL's fields: 1) per_device_train_batch_size 8→")
+    assert fix.startswith("in TRL's fields, fits with any one of: 1) per_device_train_batch_size 8→")
 
 
 def test_check_on_a_file_trl_refuses_says_why_in_trls_terms(budget_study, tmp_path, capsys):

@@ -200,7 +200,12 @@ def _stages(
             fields = {field: getattr(remedy.config, field) for field in CHANGES[remedy.name]}
             stages.append((remedy.change, fields))
             current = _with(current, **fields)
-    if model.predict(current) > limit:
+    return _prune(model, config, stages, limit)
+
+
+def _prune(model: MemoryModel, config: ProbeConfig, stages: list[Stage], limit: float) -> list[Stage]:
+    """Stages that make `config` fit, without each one the rest fits without (the first ones first)."""
+    if model.predict(_apply(config, stages)) > limit:
         return stages
     for stage in list(stages[:-1]):
         fewer = [s for s in stages if s is not stage]
@@ -265,40 +270,72 @@ def _next_remedy(
 def trl_first_aid(
     model: MemoryModel, config: ProbeConfig, limit: float, lengths: tuple[int, int] | None = None
 ) -> str:
-    """First aid for a TRL config in TRL's fields, each step on top of the previous with its predicted peak:
-    the largest per_device_train_batch_size under the current one that divides the process's share of the
-    mini batch and fits (gradient_accumulation_steps keeps the mini batch: the recipe; GRPO refuses
-    auto_find_batch_size, whose halving breaks the prompt groups), then activation checkpointing, then a
-    shorter max_completion_length, then LoRA (use_peft)."""
+    """First aid for a TRL config in TRL's fields, every fix offered fitting, with its predicted peak: the
+    largest per_device_train_batch_size under the current one that divides the process's share of the mini
+    batch and fits (gradient_accumulation_steps keeps the mini batch: the recipe; GRPO refuses
+    auto_find_batch_size, whose halving breaks the prompt groups), then activation checkpointing, a shorter
+    max_completion_length, LoRA (use_peft), each only when it lowers the peak and only as far as needed;
+    activation checkpointing alone first when it fits alone."""
 
     def fits(c: ProbeConfig) -> bool:
         return model.predict(c) <= limit
 
-    def mark(c: ProbeConfig) -> str:
-        return f"{gib(model.predict(c), None)} GiB" + (" fits" if fits(c) else "")
+    def lowers(before: ProbeConfig, after: ProbeConfig) -> bool:
+        return model.predict(after) < model.predict(before)
 
-    steps: list[str] = []
-    current = config
+    stages = _trl_micro_stage(model, config, limit)
+    current = _apply(config, stages)
+    _, response = lengths or shorter_lengths(current)
+    later: list[Stage] = [
+        ("activation_checkpointing: true", {"gradient_checkpointing": True}),
+        (
+            f"max_completion_length {current.max_response_length}→{response} (a recipe change)",
+            {"max_response_length": response},
+        ),
+        (f"use_peft: true (lora_r {current.lora_r})", {"use_lora": True}),
+    ]
+    for text, fields in later:
+        if fits(current):
+            break
+        if lowers(current, _with(current, **fields)):
+            stages.append((text, fields))
+            current = _with(current, **fields)
+    stages = _prune(model, config, stages, limit)
+    offered = []
+    checkpointed = _with(config, gradient_checkpointing=True)
+    if not config.gradient_checkpointing and fits(checkpointed):
+        offered.append(f"activation_checkpointing: true alone: {gib(model.predict(checkpointed), None)} GiB")
+    combined = _apply(config, stages)
+    texts = [text for text, _ in stages]
+    if stages and fits(combined) and texts != ["activation_checkpointing: true"]:
+        offered.append(f"{', '.join(texts)}: {gib(model.predict(combined), None)} GiB")
+    note = GRADIENT_ACCUMULATION_NOTE.capitalize()
+    if not offered:
+        closest = f"{', '.join(texts)}: " if texts else "as it is: "
+        return (
+            f"in TRL's fields, nothing fits {gib(limit, None)} GiB (closest, {closest}"
+            f"{gib(model.predict(combined), None)} GiB): a larger card or a smaller model. {note}"
+        )
+    numbered = "; ".join(f"{i}) {fix}" for i, fix in enumerate(offered, start=1))
+    return f"in TRL's fields, fits with any one of: {numbered}. {note}"
+
+
+def _trl_micro_stage(model: MemoryModel, config: ProbeConfig, limit: float) -> list[Stage]:
+    """The largest smaller per_device_train_batch_size that divides the process's share of the mini batch and
+    fits (else the smallest), with the accumulation steps that keep the share; none when it lowers nothing."""
     share = config.micro_batch_size * config.gradient_accumulation_steps  # per process
     smaller = [m for m in range(config.micro_batch_size - 1, 0, -1) if share % m == 0]
-    if smaller:
-        micro = next((m for m in smaller if fits(_with(current, micro_batch_size=m))), smaller[-1])
-        steps_now = share // micro
-        current = _with(current, micro_batch_size=micro, gradient_accumulation_steps=steps_now)
-        steps.append(
-            f"per_device_train_batch_size {config.micro_batch_size}→{micro} with gradient_accumulation_steps "
-            f"{config.gradient_accumulation_steps}→{steps_now} (the mini batch kept): {mark(current)}"
-        )
-    if not fits(current) and not current.gradient_checkpointing:
-        current = _with(current, gradient_checkpointing=True)
-        steps.append(f"+ activation_checkpointing: true: {mark(current)}")
-    _, response = lengths or shorter_lengths(current)
-    if not fits(current) and response < current.max_response_length:
-        before = current.max_response_length
-        current = _with(current, max_response_length=response)
-        steps.append(f"+ max_completion_length {before}→{response} (a recipe change): {mark(current)}")
-    if not fits(current) and not current.use_lora:
-        current = _with(current, use_lora=True)
-        steps.append(f"+ use_peft: true (lora_r {current.lora_r}): {mark(current)}")
-    numbered = "; ".join(f"{i}) {step}" for i, step in enumerate(steps, start=1))
-    return f"in TRL's fields: {numbered}. {GRADIENT_ACCUMULATION_NOTE.capitalize()}"
+    if not smaller:
+        return []
+    micro = next(
+        (m for m in smaller if model.predict(_with(config, micro_batch_size=m)) <= limit), smaller[-1]
+    )
+    steps = share // micro
+    fields = {"micro_batch_size": micro, "gradient_accumulation_steps": steps}
+    if model.predict(_with(config, **fields)) >= model.predict(config):
+        return []
+    text = (
+        f"per_device_train_batch_size {config.micro_batch_size}→{micro} with gradient_accumulation_steps "
+        f"{config.gradient_accumulation_steps}→{steps} (the mini batch kept)"
+    )
+    return [(text, fields)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from autotune.config.knobs import VERL_DEFAULT_UTILIZATION
 from autotune.formats.target import Target
 from autotune.memory.budget import Budget
 from autotune.units import GIB, gib
@@ -29,6 +30,7 @@ class RolloutPhase:
     share: float  # rollout.gpu_memory_utilization
     card_bytes: float
     resident: int  # the training states left on the GPU while vLLM generates
+    assumed: bool = False  # the file names no share: verl's default
 
     @property
     def pool(self) -> float:
@@ -40,34 +42,51 @@ class RolloutPhase:
 
     def describe(self) -> str:
         return (
-            f"while vLLM generates, its pool {self.share:g} × {self.card_bytes / GIB:.1f} GiB = "
+            f"while vLLM generates, its pool {self.share:g}{' (verl default)' if self.assumed else ''} × "
+            f"{self.card_bytes / GIB:.1f} GiB = "
             f"{self.pool / GIB:.1f} GiB sits beside the training states left on the GPU "
             f"({self.resident / GIB:.1f} GiB): {gib(self.peak, None)} GiB"
         )
 
 
 def rollout_phase(target: Target, card_bytes: float, resident: int) -> RolloutPhase | None:
-    """The rollout phase of the file's verl job on a card of `card_bytes`; None when the file sets no share
-    (verl's default then applies, and the export's rule sizes it: formats/rollout.py)."""
+    """The rollout phase of the file's verl job on a card of `card_bytes`: at the share it names, else at
+    verl's default share (`assumed`); None for a file with no rollout engine (TRL's, autotune's own without
+    a `rollout_engine` block)."""
+    if target.engine is None:
+        return None
     share = getattr(target.engine, "gpu_memory_utilization", None)
+    if share is None:
+        return RolloutPhase(VERL_DEFAULT_UTILIZATION, card_bytes, resident, assumed=True)
     if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
         return None
     return RolloutPhase(float(share), card_bytes, resident)
 
 
-def rollout_fix(phase: RolloutPhase, card: Budget, training_peak: float) -> str:
-    """The rollout's own first aid, each fix fitting the study's limit: the largest share (a multiple of
-    SHARE_STEP) beside the resident states when the training phases fit too, else fewer states on the GPU."""
+def rollout_fix(
+    phase: RolloutPhase, card: Budget, training_peak: float, offloaded: tuple[float, float] | None = None
+) -> str:
+    """The rollout's own first aid, every fix offered fitting the study's limit: the largest share (a
+    multiple of SHARE_STEP) beside the resident states when the training phases fit too; the states offloaded
+    (`offloaded`: the training and rollout peaks with param_offload and optimizer_offload) when both fit;
+    else, in words, fewer states on the GPU."""
+    offered = []
     room = card.limit - phase.resident
     share = math.floor(room / phase.card_bytes / SHARE_STEP + 1e-9) * SHARE_STEP
-    fewer = (
-        "fewer training states on the GPU while vLLM generates: param_offload and optimizer_offload "
-        "(verl moves them to the host for the rollout), LoRA, or sharding over more GPUs"
-    )
     if share >= SMALLEST_SHARE and training_peak <= card.limit:
         after = phase.resident + share * phase.card_bytes
-        return (
-            f"fits with any one of: 1) rollout.gpu_memory_utilization {phase.share:g}→{share:.2f}: "
-            f"{gib(after, None)} GiB (a smaller KV cache: generation may slow); else {fewer}"
+        offered.append(
+            f"rollout.gpu_memory_utilization {phase.share:g}→{share:.2f}: {gib(after, None)} GiB (a smaller "
+            f"KV cache: generation may slow)"
         )
-    return fewer
+    if offloaded is not None and max(offloaded) <= card.limit:
+        offered.append(
+            f"param_offload: true and optimizer_offload: true (verl moves them to the host for the rollout): "
+            f"{gib(max(offloaded), None)} GiB"
+        )
+    if offered:
+        return "fits with any one of: " + "; ".join(f"{i}) {fix}" for i, fix in enumerate(offered, start=1))
+    return (
+        "nothing the rollout's settings alone can change fits: fewer training states on the GPU while vLLM "
+        "generates (param_offload and optimizer_offload, LoRA, sharding over more GPUs), then a smaller share"
+    )

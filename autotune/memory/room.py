@@ -8,6 +8,7 @@ Never a recipe change: the train and mini batch, the lengths and what is trained
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.budget import Budget
@@ -18,14 +19,21 @@ __all__ = ["ROOM_SHARE", "room_changes"]
 ROOM_SHARE = 0.25  # the share of the card left free from which the room is worth saying
 
 
-def room_changes(model: MemoryModel, config: ProbeConfig, card: Budget) -> list[tuple[str, int]]:
+def room_changes(
+    model: MemoryModel,
+    config: ProbeConfig,
+    card: Budget,
+    peak_of: Callable[[ProbeConfig], float] | None = None,
+) -> list[tuple[str, int]]:
     """The system changes that still fit `card`'s limit (each alone, with its predicted peak), when the
-    config's peak leaves at least ROOM_SHARE of the card; [] otherwise."""
-    if model.predict(config) > card.bytes * (1 - ROOM_SHARE):
+    config's peak leaves at least ROOM_SHARE of the card; [] otherwise. `peak_of`: a config's peak over the
+    whole step (the rollout phase too); default the model's training phases."""
+    peak_of = peak_of or model.predict
+    if peak_of(config) > card.bytes * (1 - ROOM_SHARE):
         return []
     found = []
     for change, candidate in _candidates(config, model.world_size):
-        peak = int(model.predict(candidate))
+        peak = int(peak_of(candidate))
         if peak <= card.limit:
             found.append((change, peak))
     return found

@@ -194,12 +194,15 @@ def _predicted_verdict(
     verdict = _verdict(step_peak, card)
     info.update(card_gib=card.bytes / GIB, limit_gib=round(card.limit / GIB, 3), verdict=verdict)
     info.update(fits=verdict == "fits", step_peak_gib=round(step_peak / GIB, 2), decided_by_phase=decides)
-    if rollout is not None:
-        info["phases_gib"]["rollout"] = round(rollout.peak / GIB, 3)
+    if (
+        rollout is not None
+    ):  # the phase's own figure (vLLM's pool), as the others are theirs beside the states
+        info["phases_gib"]["rollout"] = round(rollout.pool / GIB, 3)
+        info["rollout_peak_gib"] = round(rollout.peak / GIB, 2)
     fix = ""
     if decides == "rollout" and verdict != "fits":
         assert rollout is not None
-        fix = rollout_fix(rollout, card, estimate.peak)
+        fix = rollout_fix(rollout, card, estimate.peak, _offloaded_peaks(model, target, config, card))
     elif verdict != "fits":
         fix = _first_aid(model, config, card.limit, _lengths(config, report))
     if decides == "rollout":
@@ -211,20 +214,47 @@ def _predicted_verdict(
         on = ""
     line = f"{said}{on} {VERDICT_WORDS[verdict]} {card.label}{_headroom(card, verdict)}; {text}"
     found = [Finding("memory", line, fix, severity=SEVERITY[verdict])]
-    if verdict == "fits" and decides != "rollout":
-        found += _room(model, config, card, info)
+    if verdict == "fits":
+        found += _room(model, target, config, card, info)
     return found + _at_the_limits(model, config, card, verdict, info), info
 
 
-def _room(model: MemoryModel, config: ProbeConfig, card: Budget, info: dict[str, Any]) -> list[Finding]:
-    """A quarter of the card or more left free: the system knobs that room allows (`info["room"]`)."""
-    changes = room_changes(model, config, card)
+def _offloaded_peaks(
+    model: MemoryModel, target: Target, config: ProbeConfig, card: Budget
+) -> tuple[float, float] | None:
+    """The training and rollout peaks with the states offloaded (param_offload, optimizer_offload: sharded
+    states only), or None where that is not a change."""
+    if not config.sharded or (config.param_offload and config.optimizer_offload):
+        return None
+    offloaded = dataclasses.replace(config, param_offload=True, optimizer_offload=True)
+    estimate = estimate_with(model, offloaded)
+    rollout = rollout_phase(target, card.bytes, _resident(estimate))
+    return float(estimate.peak), float(rollout.peak if rollout else 0)
+
+
+def _step_peak(model: MemoryModel, target: Target, config: ProbeConfig, card: Budget) -> float:
+    """The peak over the whole step: the training phases, and the rollout phase beside the resident states."""
+    estimate = estimate_with(model, config)
+    rollout = rollout_phase(target, card.bytes, _resident(estimate))
+    return max(estimate.peak, rollout.peak if rollout else 0)
+
+
+def _room(
+    model: MemoryModel, target: Target, config: ProbeConfig, card: Budget, info: dict[str, Any]
+) -> list[Finding]:
+    """A quarter of the card or more left free over the whole step: the system knobs that room allows
+    (`info["room"]`)."""
+
+    def peak_of(c: ProbeConfig) -> float:
+        return _step_peak(model, target, c, card)
+
+    changes = room_changes(model, config, card, peak_of)
     info["room"] = [
         {"change": change, "predicted_peak_gib": round(peak / GIB, 2)} for change, peak in changes
     ]
     if not changes:
         return []
-    free = card.bytes - model.predict(config)
+    free = card.bytes - peak_of(config)
     listed = "; ".join(f"{change}: {gib(peak, None)} GiB" for change, peak in changes)
     note = (
         f"room: {gib(free, None)} GiB of {card.label} is free at the peak; each of these fits alone: "
