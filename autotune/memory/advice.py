@@ -165,7 +165,7 @@ def first_aid(
     stages = _stages(model, config, limit, lengths)
     combined = _apply(config, stages)
     texts = [text for text, _ in stages]
-    if stages and fits(combined):
+    if stages and fits(combined) and texts not in ([r.change] for r in alone):  # not a switch said alone
         offered.append(f"{', '.join(texts)}: {shown(combined)}")
     for name in ("lora", "offload"):  # what is trained, or where the states live, alone
         remedy = _next_remedy(model, config, name, lengths)

@@ -22,6 +22,7 @@ from autotune.units import GIB, gib
 __all__ = ["SHARE_STEP", "RolloutPhase", "rollout_fix", "rollout_phase"]
 
 SHARE_STEP = 0.05  # a share a person writes
+SHARE_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"  # a verl file's
 SMALLEST_SHARE = 0.10  # below this vLLM's pool holds little beside its weights: not offered as a fix
 
 
@@ -40,6 +41,18 @@ class RolloutPhase:
     def peak(self) -> int:
         return int(self.resident + self.pool)
 
+    def limit(self, headroom: float) -> float:
+        """The study's limit for this phase: the card less `headroom` of what the resident states leave free
+        (the margin the export's share rule keeps: formats/rollout.py MARGIN), as vLLM preallocates its
+        pool and the allocators' fragmentation is the training side's."""
+        return self.card_bytes - headroom * (self.card_bytes - self.resident)
+
+    def verdict(self, card: Budget) -> str:
+        """fits (at or below its limit), tight (up to the card) or over."""
+        if self.peak <= self.limit(card.headroom):
+            return "fits"
+        return "tight" if self.peak <= card.bytes else "over"
+
     def describe(self) -> str:
         return (
             f"while vLLM generates, its pool {self.share:g}{' (verl default)' if self.assumed else ''} × "
@@ -56,7 +69,7 @@ def rollout_phase(target: Target, card_bytes: float, resident: int) -> RolloutPh
     if target.engine is None:
         return None
     share = getattr(target.engine, "gpu_memory_utilization", None)
-    if share is None:
+    if share is None or (target.overrides is not None and SHARE_KEY not in target.overrides):
         return RolloutPhase(VERL_DEFAULT_UTILIZATION, card_bytes, resident, assumed=True)
     if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
         return None
@@ -64,22 +77,27 @@ def rollout_phase(target: Target, card_bytes: float, resident: int) -> RolloutPh
 
 
 def rollout_fix(
-    phase: RolloutPhase, card: Budget, training_peak: float, offloaded: tuple[float, float] | None = None
+    phase: RolloutPhase,
+    card: Budget,
+    training_peak: float,
+    offloaded: tuple[float, float] | None = None,
+    weights_share: float = 0.0,
 ) -> str:
     """The rollout's own first aid, every fix offered fitting the study's limit: the largest share (a
     multiple of SHARE_STEP) beside the resident states when the training phases fit too; the states offloaded
     (`offloaded`: the training and rollout peaks with param_offload and optimizer_offload) when both fit;
-    else, in words, fewer states on the GPU."""
+    else, in words, fewer states on the GPU. A share is never below `weights_share`, the part of the card
+    vLLM's bf16 weights take on one GPU (it could not start)."""
     offered = []
-    room = card.limit - phase.resident
+    room = phase.limit(card.headroom) - phase.resident
     share = math.floor(room / phase.card_bytes / SHARE_STEP + 1e-9) * SHARE_STEP
-    if share >= SMALLEST_SHARE and training_peak <= card.limit:
+    if share >= max(SMALLEST_SHARE, weights_share) and training_peak <= card.limit:
         after = phase.resident + share * phase.card_bytes
         offered.append(
             f"rollout.gpu_memory_utilization {phase.share:g}→{share:.2f}: {gib(after, None)} GiB (a smaller "
             f"KV cache: generation may slow)"
         )
-    if offloaded is not None and max(offloaded) <= card.limit:
+    if offloaded is not None and offloaded[0] <= card.limit and offloaded[1] <= phase.limit(card.headroom):
         offered.append(
             f"param_offload: true and optimizer_offload: true (verl moves them to the host for the rollout): "
             f"{gib(max(offloaded), None)} GiB"

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.budget import Budget
-from autotune.memory.model import MemoryModel
+from autotune.memory.model import TRL_PASSES, MemoryModel
 
 __all__ = ["ROOM_SHARE", "room_changes"]
 
@@ -32,18 +32,31 @@ def room_changes(
     if peak_of(config) > card.bytes * (1 - ROOM_SHARE):
         return []
     found = []
-    for change, candidate in _candidates(config, model.world_size):
+    for change, candidate in _candidates(config, model.world_size, trl=model.passes in TRL_PASSES):
         peak = int(peak_of(candidate))
         if peak <= card.limit:
             found.append((change, peak))
     return found
 
 
-def _candidates(c: ProbeConfig, gpus: int) -> list[tuple[str, ProbeConfig]]:
-    """Single system changes that spend memory for speed."""
+def _candidates(c: ProbeConfig, gpus: int, trl: bool = False) -> list[tuple[str, ProbeConfig]]:
+    """Single system changes that spend memory for speed, in the trainer's names (TRL's fields for TRL:
+    its log-prob passes take the micro batch, it has no token budget and no offload switch)."""
     found = []
     if c.gradient_checkpointing:
-        found.append(("gradient_checkpointing: false", dataclasses.replace(c, gradient_checkpointing=False)))
+        name = "activation_checkpointing" if trl else "gradient_checkpointing"
+        found.append((f"{name}: false", dataclasses.replace(c, gradient_checkpointing=False)))
+    if trl:
+        if c.gradient_accumulation_steps % 2 == 0:
+            micro, steps = c.micro_batch_size * 2, c.gradient_accumulation_steps // 2
+            change = (
+                f"per_device_train_batch_size {c.micro_batch_size}→{micro} (gradient_accumulation_steps "
+                f"{steps})"
+            )
+            found.append(
+                (change, dataclasses.replace(c, micro_batch_size=micro, gradient_accumulation_steps=steps))
+            )
+        return found
     per_gpu = c.micro_batch_size * c.gradient_accumulation_steps  # a GPU's share of the mini batch
     if c.use_dynamic_bsz:
         budget = c.token_budget * 2

@@ -190,8 +190,15 @@ def _predicted_verdict(
         return [Finding("memory", note, severity="note")], info
     rollout = rollout_phase(target, card.bytes, _resident(estimate))
     step_peak = max(estimate.peak, rollout.peak if rollout else 0)
-    decides = "rollout" if rollout and rollout.peak > estimate.peak else estimate.peak_phase
-    verdict = _verdict(step_peak, card)
+    training = _verdict(estimate.peak, card)
+    rollout_verdict = rollout.verdict(card) if rollout else "fits"
+    worse = RANK[rollout_verdict] > RANK[training]
+    decides = (
+        "rollout"
+        if worse or (rollout_verdict == training and step_peak > estimate.peak)
+        else estimate.peak_phase
+    )
+    verdict = max(training, rollout_verdict, key=RANK.__getitem__)
     info.update(card_gib=card.bytes / GIB, limit_gib=round(card.limit / GIB, 3), verdict=verdict)
     info.update(fits=verdict == "fits", step_peak_gib=round(step_peak / GIB, 2), decided_by_phase=decides)
     if (
@@ -200,11 +207,13 @@ def _predicted_verdict(
         info["phases_gib"]["rollout"] = round(rollout.pool / GIB, 3)
         info["rollout_peak_gib"] = round(rollout.peak / GIB, 2)
     fix = ""
-    if decides == "rollout" and verdict != "fits":
-        assert rollout is not None
-        fix = rollout_fix(rollout, card, estimate.peak, _offloaded_peaks(model, target, config, card))
-    elif verdict != "fits":
+    if training != "fits":
         fix = _first_aid(model, config, card.limit, _lengths(config, report))
+    if rollout is not None and rollout_verdict != "fits":
+        offloaded = _offloaded_peaks(model, target, config, card)
+        weights = 2 * model.arch.actor_parameters / _rollout_tp(target) / card.bytes
+        rollout_said = rollout_fix(rollout, card, estimate.peak, offloaded, weights)
+        fix = f"{fix}; the rollout phase too: {rollout_said}" if fix else rollout_said
     if decides == "rollout":
         assert rollout is not None
         said = (
@@ -216,7 +225,15 @@ def _predicted_verdict(
     found = [Finding("memory", line, fix, severity=SEVERITY[verdict])]
     if verdict == "fits":
         found += _room(model, target, config, card, info)
-    return found + _at_the_limits(model, config, card, verdict, info), info
+    return found + _at_the_limits(model, config, card, training, info), info
+
+
+RANK = {"fits": 0, "tight": 1, "over": 2}
+
+
+def _rollout_tp(target: Target) -> int:
+    tp = getattr(target.engine, "tensor_model_parallel_size", None)
+    return tp if isinstance(tp, int) and not isinstance(tp, bool) and tp > 0 else 1
 
 
 def _offloaded_peaks(
