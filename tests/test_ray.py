@@ -260,8 +260,15 @@ def test_a_study_across_the_cluster_records_what_a_run_on_this_machine_records(c
         mine, theirs = trial.user_attrs["result"], local_trials[micro].user_attrs["result"]
         assert trial.user_attrs["status"] == local_trials[micro].user_attrs["status"]
         assert len(mine["rank_peaks"]) == len(theirs["rank_peaks"]) == 1
-        # the same process measured the same way: its peak RSS within the noise of two runs
-        assert mine["rank_peaks"][0]["bytes"] == pytest.approx(theirs["rank_peaks"][0]["bytes"], rel=0.05)
+        peaks = mine["rank_peaks"][0]["bytes"], theirs["rank_peaks"][0]["bytes"]
+        if trial.user_attrs["status"] == "ok":
+            # the same process measured the same way: its peak RSS within the noise of two runs
+            assert peaks[0] == pytest.approx(peaks[1], rel=0.05)
+        else:
+            # an emulated OOM stops where the 50 ms watch saw the budget passed: how far past depends on
+            # how late a busy machine ran the watch, so both are past the budget, not equal
+            budget_gib = yaml.safe_load(Path(RAY_SPACE).read_text())["memory_budget_gib"]
+            assert min(peaks) > budget_gib * 2**30
         assert not theirs.get("rank_nodes")
     assert [ray_trials[m].user_attrs["status"] for m in (2, 16)] == ["ok", "oom"]
     nodes = {ray_trials[m].user_attrs["result"]["rank_nodes"][0] for m in (2, 16)}
