@@ -114,17 +114,55 @@ def test_traced_states_match_the_analytic_states_exactly_at_tiny_size(tiny):
     assert optimizer.traced - optimizer.analytic == 4 * tensors
 
 
-def test_offload_is_refused_in_one_line(tiny):
-    config = dataclasses.replace(TINY, sharding="full_shard", param_offload=True)
-    with pytest.raises(TraceUnavailable, match="offload is not traced"):
-        trace_memory(tiny, None, config, world_size=2)
+SHARDED = dataclasses.replace(TINY, sharding="full_shard")
+OFFLOADS = [
+    {"param_offload": True},
+    {"optimizer_offload": True},
+    {"param_offload": True, "optimizer_offload": True},
+    {"offload_policy": True},
+]
+
+
+@pytest.mark.parametrize("offload", OFFLOADS)
+def test_offload_moves_what_the_analytic_model_moves(tiny, offload):
+    """Offloaded, each phase's traced peak drops by the bytes the analytic model says offload keeps on the
+    host during it (the states between phases too): the two agree on what offload moves, to Adam's step
+    counters (a few bytes per trained tensor, which the analytic model leaves out)."""
+    config = dataclasses.replace(SHARDED, **offload)
+    arch = Architecture.from_specs(tiny)
+    rows = {
+        r.term: r for r in compare(traced(config, 2, "cuda"), predict_components(arch, config, 2, "cuda"))
+    }
+    held = {
+        r.term: r for r in compare(traced(SHARDED, 2, "cuda"), predict_components(arch, SHARDED, 2, "cuda"))
+    }
+    for term in (
+        "weights",
+        "gradients",
+        "optimizer states",
+        "scoring: peak",
+        "backward: peak",
+        "update: peak",
+    ):
+        traced_drop = held[term].traced - rows[term].traced
+        analytic_drop = held[term].analytic - rows[term].analytic
+        assert traced_drop == pytest.approx(analytic_drop, rel=1e-4, abs=1024), term
+    states = ("weights", "gradients", "optimizer states")
+    assert sum(held[t].traced for t in states) > sum(rows[t].traced for t in states)
+    assert held["update: peak"].traced > rows["update: peak"].traced  # the critic's stay away meanwhile
+
+
+def test_offload_outside_fsdp_on_a_gpu_is_refused_in_one_line(tiny):
+    config = dataclasses.replace(SHARDED, param_offload=True)
+    with pytest.raises(TraceUnavailable, match="offload is verl's FSDP move on a GPU"):
+        trace_memory(tiny, None, config, world_size=2, layout="cpu")
 
 
 @pytest.mark.e2e
 def test_a_config_the_tracer_cannot_run_says_so_in_one_line(tiny):
-    config = dataclasses.replace(TINY, sharding="full_shard", param_offload=True)
-    said = traced_check(tiny, None, config, 2, "cuda")
-    assert said.failed and "offload is not traced" in said.failed
+    config = dataclasses.replace(SHARDED, param_offload=True)
+    said = traced_check(tiny, None, config, 2, "cpu")
+    assert said.failed and "offload is verl's FSDP move on a GPU" in said.failed
     assert len(said.lines()) == 1 and "the analytic model stands" in said.lines()[0]
 
 

@@ -17,8 +17,11 @@ What is not traced, and why:
   tensor does not have; the analytic model's rollout phase stands.
 - DDP (replicate over W > 1): its C++ reducer cannot run on fake tensors; the rank's work is traced without
   it and DDP's gradient buckets (one fp32 copy of the gradients) are the analytic model's, labelled so.
-- offload (param_offload, optimizer_offload, offload_policy): what sits on the host between phases is a
-  GPU-only move; such a config is not traced (`TraceUnavailable`).
+- offload's moves: the passes run with every state in place, and each pass's resident bytes are then what a
+  GPU run keeps on the device during it (`_on_device`). param_offload brings a model's weights for its
+  forward passes and its weights and gradients for its update (verl frees the gradients when a train step
+  ends); optimizer_offload brings Adam's states for the update; offload_policy keeps the actor's and the
+  critic's states on the host throughout, their gradients and Adam's step there too.
 - the allocator: the trace counts tensor bytes; a GPU's caching allocator rounds and fragments on top (the
   analytic model's calibrated factor), and the CUDA context is the calibrated constant.
 """
@@ -86,10 +89,10 @@ def fake_world(world_size: int) -> Iterator[None]:
 def _refuse(config: ProbeConfig, layout: str) -> None:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, but got {layout!r}.")
-    if config.offloaded:
+    if config.offloaded and not (layout == "cuda" and config.sharded):
         raise TraceUnavailable(
-            "offload is not traced (what waits on the host between phases is a GPU-only move): the analytic "
-            "model stands"
+            "offload is verl's FSDP move on a GPU: a replicated or CPU-layout config with offload is not "
+            "traced; the analytic model stands"
         )
 
 
@@ -109,11 +112,63 @@ def _reference_on_host(models: Any, layout: str, sharded: bool) -> int:
 
 
 def _resident(models: Any, buffer: list[torch.Tensor], layout: str, sharded: bool) -> dict[str, int]:
+    """Every state in place (no offload), the reference's host shards left out."""
     from autotune.probe.rank.measure import state_bytes
 
     states = state_bytes(models, "cpu")
     states["weights"] -= _reference_on_host(models, layout, sharded)
     return {**states, "rollout_buffer": sum(t.nbytes for t in buffer)}
+
+
+STATE_TERMS = ("weights", "gradients", "optimizer")
+
+
+def _trained_states(models: Any) -> dict[int, dict[str, int]]:
+    """id(model) -> the states offload moves, for the actor and the critic: weights, gradients, Adam's."""
+    from autotune.probe.rank.measure import state_bytes
+
+    found = {}
+    for model, optimizer in (
+        (models.actor, models.actor_optimizer),
+        (models.critic, models.critic_optimizer),
+    ):
+        if model is not None:
+            alone = dataclasses.replace(
+                models, actor=model, ref=None, critic=None, reward=None, actor_optimizer=optimizer
+            )
+            alone = dataclasses.replace(alone, critic_optimizer=None)
+            found[id(model)] = state_bytes(alone, "cpu")
+    return found
+
+
+def _away(config: ProbeConfig, states: dict[str, int], in_use: bool, updating: bool) -> dict[str, int]:
+    """What offload keeps on the host of one trained model's states during a pass: `in_use`, the pass runs
+    that model; `updating`, the pass is its update."""
+    if config.offload_policy:  # FSDP2's CPUOffloadPolicy: each unit is copied in for its compute only
+        return dict(states)
+    away = dict.fromkeys(STATE_TERMS, 0)
+    if config.param_offload:
+        away["weights"] = 0 if in_use else states["weights"]
+        away["gradients"] = 0 if in_use and updating else states["gradients"]
+    if config.optimizer_offload and not (in_use and updating):
+        away["optimizer"] = states["optimizer"]
+    return away
+
+
+def _on_device(
+    config: ProbeConfig,
+    resident: dict[str, int],
+    trained: dict[int, dict[str, int]],
+    model: Any,
+    updating: bool,
+) -> dict[str, int]:
+    """The resident bytes a GPU run keeps on the device during a pass of `model` (the states when no pass
+    runs: `model` None): `resident` less what offload keeps on the host."""
+    on = dict(resident)
+    for owner, states in trained.items():
+        for term, nbytes in _away(config, states, owner == id(model), updating).items():
+            on[term] -= nbytes
+    return on
 
 
 # --- building what the probe holds ------------------------------------------------------------------------
@@ -349,18 +404,35 @@ def _traced_pass(
     return [*peaks, PhasePeak(name, sum(parts.values()), parts)], left
 
 
-def _traced_passes(passes: Iterator[tuple], resident: dict[str, int]) -> list[PhasePeak]:
+def _traced_passes(
+    passes: Iterator[tuple], resident_of: Callable[[Any, bool], dict[str, int]], on_host: set[int]
+) -> list[PhasePeak]:
     """Every pass in the probe's order, each starting with what the other models' passes left alive (a pass's
-    own tracker finds its model's leftovers itself: they are counted when it gathers them again)."""
+    own tracker finds its model's leftovers itself: they are counted when it gathers them again).
+    `resident_of(model, updating)`: the states on the device during the pass; `on_host`: the models whose
+    gradients and Adam's step stay on the host (offload_policy)."""
     peaks: list[PhasePeak] = []
     left: dict[int, dict[str, int]] = {}  # id(model) -> what its latest pass left alive, by term
     for name, model, optimizer, run in passes:
+        resident = resident_of(model, optimizer is not None)
         others = [kept for owner, kept in left.items() if owner != id(model)]
         terms = {*resident, *CATEGORIES}
         start = {term: resident.get(term, 0) + sum(k.get(term, 0) for k in others) for term in terms}
         found, left[id(model)] = _traced_pass(name, model, optimizer, run, start)
-        peaks += found
+        peaks += _device_side(found, resident) if id(model) in on_host else found
     return peaks
+
+
+def _device_side(found: list[PhasePeak], resident: dict[str, int]) -> list[PhasePeak]:
+    """A pass of a model held under offload_policy: its gradients land on the host as they are reduced and
+    Adam steps there, so neither counts on the device; an update's peak is then its backward's."""
+    kept = []
+    for phase in found:
+        parts = {**phase.parts, "gradients": resident.get("gradients", 0), "optimizer_step": 0}
+        kept.append(PhasePeak(phase.name, sum(parts.values()), parts))
+    if len(kept) == 2 and kept[0].peak > kept[1].peak:  # the backward moment and the update's
+        kept[1] = PhasePeak(kept[1].name, kept[0].peak, kept[0].parts)
+    return kept
 
 
 def _one_step(config: ProbeConfig, samples: int, world_size: int) -> ProbeConfig:
@@ -491,8 +563,8 @@ def trace_memory(
     math done by `math`'s functions (autotune's by default; verl's in verl's environment), each pass's micro
     batch packed from the job's `lengths` as the memory model prices it (None: every sample at the limits).
 
-    Raises TraceUnavailable (one line) for what the tracer does not handle: offload, an architecture whose
-    code reads tensor values, a process group already running here."""
+    Raises TraceUnavailable (one line) for what the tracer does not handle: offload outside FSDP's GPU
+    layout, an architecture whose code reads tensor values, a process group already running here."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from autotune.memory.model import Architecture, predict_components
@@ -524,11 +596,17 @@ def trace_memory(
                     precision=layout == "cuda",
                 )
                 _warm_up(models, layout)
-                resident = _resident(models, _rollout_buffer(config, world_size), layout, config.sharded)
+                everything = _resident(models, _rollout_buffer(config, world_size), layout, config.sharded)
+                trained = _trained_states(models)
+                resident = _on_device(config, everything, trained, None, False)
                 compute = torch.bfloat16 if layout == "cuda" else None
                 ctx = ppo.StepContext(config, HOST, world_size, 0, compute, lengths=lengths, math=math)
                 passes = _passes(models, ctx, config, world_size, lengths, built)
-                phases = _traced_passes(passes, resident)
+                phases = _traced_passes(
+                    passes,
+                    lambda model, updating: _on_device(config, everything, trained, model, updating),
+                    set(trained) if config.offload_policy else set(),
+                )
             except TraceUnavailable:
                 raise
             except Exception as error:  # an architecture or op the fake mode cannot run
