@@ -4,7 +4,10 @@ parameter GRPO job on 2 × 80 GiB with a share of 0.6, reported out of memory, w
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+import pytest
 
 from autotune.check import CheckOptions, check
 from autotune.formats.rollout import RolloutEngine
@@ -69,6 +72,67 @@ def test_a_share_that_cannot_start_beside_the_states_is_over_with_the_rollout_ph
     # the training phases (73.1 GiB) are over the 72 GiB limit too: their first aid, then the rollout's
     assert problem.fix.startswith("fits with any one of: 1) use_lora: true")
     assert "; the rollout phase too: nothing the rollout's settings alone can change fits" in problem.fix
+
+
+def _job(model: str, gpus: int, share: float, lora: bool = False, offload: bool = False) -> str:
+    """FULL_7B's recipe for another model, GPU count, rollout share, LoRA and offload."""
+    lines = [
+        line
+        for line in FULL_7B.splitlines()
+        if not line.startswith(("actor_rollout_ref.model", "trainer.n_"))
+    ]
+    lines += [
+        f"actor_rollout_ref.model.path={model}",
+        f"trainer.n_gpus_per_node={gpus}",
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={share}",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={min(gpus, 2)}",
+    ]
+    if lora:
+        lines += ["actor_rollout_ref.model.lora_rank=32", "actor_rollout_ref.model.lora_alpha=32"]
+    if offload:
+        lines += [f"actor_rollout_ref.actor.fsdp_config.{key}_offload=true" for key in ("param", "optimizer")]
+    return "\n".join(lines) + "\n"
+
+
+FIX_PEAKS = re.compile(r"\d\) [^;]*?: ([\d.]+) GiB")
+
+
+@pytest.mark.parametrize(
+    ("shape", "job"),
+    [
+        ("LoRA 7B on 1 GPU, share 0.9", _job("qwen2.5-7b", 1, 0.9, lora=True)),
+        ("full 3B on 8 GPUs, share 0.95", _job("qwen2.5-3b", 8, 0.95)),
+        ("LoRA 7B on 2 GPUs, share 0.95", _job("qwen2.5-7b", 2, 0.95, lora=True)),
+    ],
+)
+def test_a_share_that_cannot_start_gets_the_rollouts_fix_and_each_fix_fits(
+    tmp_path: Path, shape: str, job: str
+):
+    path = tmp_path / "job.txt"
+    path.write_text(job)
+    result = check(CheckOptions(path=path, gpu="a100-80g", cores=64))
+    memory = result.memory
+    assert memory["verdict"] == "over" and memory["decided_by_phase"] == "rollout", (shape, memory)
+    assert memory["predicted_peak_gib"] < memory["limit_gib"]  # the training phases alone fit
+    (problem,) = [f for f in result.problems if f.check == "memory"]
+    assert problem.fix.startswith("fits with any one of: 1) rollout.gpu_memory_utilization"), problem.fix
+    resident = memory["rollout_peak_gib"] - memory["phases_gib"]["rollout"]
+    rollout_limit = 80 - 0.10 * (80 - resident)  # the card less the headroom of what the states leave free
+    peaks = [float(peak) for peak in FIX_PEAKS.findall(problem.fix)]
+    assert peaks and all(peak <= rollout_limit + 0.05 for peak in peaks), (problem.fix, rollout_limit)
+
+
+def test_offload_lets_the_same_share_start_beside_the_states(tmp_path: Path):
+    """Full 3B over 8 GPUs at a share of 0.95: over with its states on the GPU; offloaded (verl moves them
+    to the host while vLLM generates) the pool starts: within the headroom, no longer over."""
+    verdicts = {}
+    for offload in (False, True):
+        path = tmp_path / f"offload_{offload}.txt"
+        path.write_text(_job("qwen2.5-3b", 8, 0.95, offload=offload))
+        verdicts[offload] = check(CheckOptions(path=path, gpu="a100-80g", cores=64)).memory
+    assert verdicts[False]["verdict"] == "over"
+    assert verdicts[True]["verdict"] == "tight" and verdicts[True]["decided_by_phase"] == "rollout"
+    assert verdicts[True]["rollout_peak_gib"] < verdicts[False]["rollout_peak_gib"] - 4  # 3B's states / 8
 
 
 def test_a_config_with_room_gets_the_system_knobs_that_fit_in_text_and_json():
