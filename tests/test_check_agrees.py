@@ -67,16 +67,40 @@ def written(tmp_path_factory) -> dict[str, Path]:
     study, budget = _cpu_study_as_reported()
     folders["user"] = tmp_path_factory.mktemp("user")
     write_report(study, folders["user"], budget, plan=StudyPlan(model="qwen2.5-0.5b"))
+    for name, config in PICKS.items():  # a pick of each kind a study can make
+        study = new_study(f"check-{name}")
+        record(study, "ok", config, 10.0, 0.5)
+        folders[name] = tmp_path_factory.mktemp(name)
+        write_report(study, folders[name], BUDGET, plan=StudyPlan(model="tiny-llama"))
     return folders
 
 
-@pytest.mark.parametrize("name", ["tiny", "7b", "user"])
+PICKS = {
+    "budgets": knobs(
+        use_dynamic_bsz=True,
+        ppo_max_token_len_per_gpu=192,
+        log_prob_max_token_len_per_gpu=384,
+        critic_max_token_len_per_gpu=384,
+    ),
+    "offload": knobs(sharding="full_shard", param_offload=True, optimizer_offload=True),
+}
+
+
+@pytest.mark.parametrize("name", ["tiny", "7b", "user", *PICKS])
 @pytest.mark.parametrize("file", ["best_config.yaml", "verl_overrides.txt"])
 def test_check_passes_every_file_autotune_wrote(written, name, file, capsys):
     code, report = _report(written[name] / file, "--cores", "8", capsys=capsys)
     assert code == 0 and report["problems"] == [], report["problems"]
     assert all(f["severity"] in ("problem", "warning", "note") for f in report["findings"])
     assert report["exit_code"] == 0 and not report["layout_assumed"]  # autotune names the layout
+
+
+@pytest.mark.parametrize("name", list(PICKS))
+def test_a_pick_with_token_budgets_or_offload_is_judged_as_the_study_measured_it(written, name, capsys):
+    """Every verl knob best_config.yaml writes is one check reads: the pick's own measurement decides."""
+    code, report = _report(written[name] / "best_config.yaml", "--cores", "8", capsys=capsys)
+    assert code == 0 and report["memory"]["decided_by"] == "measurement", report["problems"]
+    assert report["memory"]["verdict"] == "fits" and report["memory"]["measured_peak_gib"] == 0.5
 
 
 def test_a_measured_config_is_judged_by_its_measurement(written, capsys):

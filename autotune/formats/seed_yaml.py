@@ -52,12 +52,11 @@ KNOBS: dict[str, str] = {
     "rollout_n": INT,
     "kl_coef": NUM,
     "kl_placement": STR,
-    # verl's own knobs (`--engine verl`), written when the configuration sets them
-    "gpu_memory_utilization": NUM,
-    "tensor_model_parallel_size": INT,
-    "max_num_seqs": INT,
-    "use_dynamic_bsz": BOOL,
-    "ppo_max_token_len_per_gpu": INT,
+    # verl's own knobs (`--engine verl`), written when the configuration sets them (`_verl_knobs`)
+    **{
+        name: NUM if name == "gpu_memory_utilization" else BOOL if name == "use_dynamic_bsz" else INT
+        for name in VERL_KNOBS
+    },
 }
 REQUIRED = (
     "rollout_batch_size",
