@@ -103,7 +103,7 @@ def test_the_13b_fsdp_space_is_not_refused_for_lack_of_sharding_on_cpu(tmp_path)
     assert "--memory-budget 40 GiB: llama-2-13b's weights, gradients and optimizer state alone" in line
     assert "even held as full_shard over 4 rank(s), the smallest holding the space allows" in line
     assert re.search(r"about 1[01]\d\.\d GiB per rank", line) and "532" not in line, line
-    assert "offload (offload_policy, on CUDA)" in line  # what would make it fit
+    assert "offload (`offload_policy: true` in the space's knobs, on CUDA)" in line  # what would make it fit
     # an offload knob fixed at true cannot be searched at false: one line naming it
     data = copy.deepcopy(dict(load_space("seed-4xa100-40g-13b-fsdp").raw))
     data["knobs"]["offload_policy"] = True

@@ -182,14 +182,30 @@ def test_the_floor_is_the_smallest_holding_the_space_allows():
         check_floor(without_offload, floor_model(without_offload, "cuda"), budget, 40)
     message = str(info.value)
     assert "about 97.9 GiB per rank even held as full_shard over 4 rank(s)" in message  # not 507.6 replicated
-    assert "offload (offload_policy, on CUDA)" in message and len(message.splitlines()) == 1
+    assert (
+        "offload (`offload_policy: true` in the space's knobs, on CUDA)" in message
+        and len(message.splitlines()) == 1
+    )
     replicated = without_offload.with_settings(
         knobs={**without_offload.raw["knobs"], "sharding": "replicate"}
     )
     with pytest.raises(
-        UserError, match=r"about 507\.6 GiB per rank held replicated .*sharding \(full_shard\)"
+        UserError, match=r"about 507\.6 GiB per rank held replicated .*`sharding: full_shard`.* \(--gpus\)"
     ):
         check_floor(replicated, floor_model(replicated, "cuda"), budget, 40)
+
+
+def test_a_gpu_job_without_a_gpu_says_so_and_what_works_here(capsys, monkeypatch, tmp_path):
+    """The mission's own command on a machine without a GPU: one line that says no GPU is visible, the CPU
+    ranks auto would use, and commands that work here, each a real flag (exit 2, before any probe)."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    code = main(["run", "--model", "llama-2-7b", "--gpus", "2", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: no GPU is visible here, so --device auto would run 2 CPU rank(s)")
+    for works in ("autotune check FILE --gpu a100-80g", "autotune run --space cpu-tiny", "--device cpu"):
+        assert works in err
+    assert not any(tmp_path.iterdir())  # nothing started
 
 
 def test_data_fits_the_recipe_lengths_and_a_collapsed_tuned_length_is_no_longer_tuned(tmp_path):

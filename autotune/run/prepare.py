@@ -279,7 +279,8 @@ def prepare(options: RunOptions, console: Console, cluster: Any = None, job: Any
         max_response_length=max(space.knob("max_response_length").values()),
     )
     raise_for(position_findings(longest, actor))
-    check_floor(space, model, budget, budget_gib)
+    no_gpu = options.device == "auto" and device == "cpu" and cluster is None
+    check_floor(space, model, budget, budget_gib, no_gpu and not options.memory_budget_gib)
     settings = dataclasses.replace(
         probe_settings(space, options, device, cluster),
         memory_budget_gib=budget_gib,
@@ -571,17 +572,29 @@ def states_floor(space: SearchSpace, model: MemoryModel) -> tuple[int, ProbeConf
     return min(((model.minimum_bytes(config), config) for config in held), key=lambda pair: pair[0])
 
 
-def check_floor(space: SearchSpace, model: MemoryModel, budget: Budget, budget_gib: float) -> None:
+def check_floor(
+    space: SearchSpace, model: MemoryModel, budget: Budget, budget_gib: float, fell_back: bool = False
+) -> None:
     """Refuse a budget below the model's states alone, held the smallest way the space allows: no batch
-    setting could fit."""
+    setting could fit. `fell_back`: --device auto found no GPU and the budget is this machine's RAM split
+    between CPU ranks, which is what the user is told first."""
     floor, smallest = states_floor(space, model)
-    if floor > budget.limit:
+    if floor <= budget.limit:
+        return
+    need = f"{space.model}'s weights, gradients and optimizer state alone need about {floor / GIB:.1f} GiB"
+    if fell_back:
         raise UserError(
-            f"--memory-budget {budget_gib:g} GiB: {space.model}'s weights, gradients and optimizer "
-            f"state alone need about {floor / GIB:.1f} GiB per rank {_holding_text(smallest, space)} "
-            f"(budget less {space.headroom:.0%} headroom is {budget.limit / GIB:.1f} GiB); use LoRA, more "
-            f"memory{_more_holdings(space)} or a smaller model"
+            f"no GPU is visible here, so --device auto would run {space.gpus} CPU rank(s) with this "
+            f"machine's RAM split between them ({budget_gib:.1f} GiB each), and {need} per rank. What "
+            "works here: `autotune check FILE --gpu a100-80g` judges a job on paper; `autotune run --space "
+            "cpu-tiny` runs a study on CPU; `--device cpu --memory-budget GIB` insists on this job"
         )
+    raise UserError(
+        f"--memory-budget {budget_gib:g} GiB: {need} per rank {_holding_text(smallest, space)} (budget "
+        f"less {space.headroom:.0%} headroom is {budget.limit / GIB:.1f} GiB); use LoRA (`lora: {{enabled: "
+        f"true}}` in the space), more memory (--memory-budget){_more_holdings(space)} or a smaller model "
+        "(--model)"
+    )
 
 
 def _holding_text(config: ProbeConfig, space: SearchSpace) -> str:
@@ -596,9 +609,9 @@ def _more_holdings(space: SearchSpace) -> str:
     """What else could hold the states in less: the sharding or offload the space does not offer."""
     offered = space.holdings()
     if not any(h["sharding"] != "replicate" for h in offered):
-        return ", sharding (full_shard) on several GPUs"
+        return ", sharding (`sharding: full_shard` in the space's knobs) over more GPUs (--gpus)"
     if not any(any(h[name] for name in OFFLOAD_KNOBS) for h in offered):
-        return ", offload (offload_policy, on CUDA)"
+        return ", offload (`offload_policy: true` in the space's knobs, on CUDA)"
     return ""
 
 
