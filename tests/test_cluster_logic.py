@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -60,6 +61,26 @@ def one_line_exit_2(argv: list[str], capsys) -> str:
 )
 def test_bad_cluster_flags_are_one_line_and_exit_2(argv, said, capsys):
     assert said in one_line_exit_2(argv, capsys)
+
+
+def test_ray_auto_with_a_dead_address_in_the_environment_is_one_line_at_once(monkeypatch, capsys):
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    started = time.monotonic()
+    err = one_line_exit_2(["run", "--ray", "auto", "--space", "cpu-tiny"], capsys)
+    assert time.monotonic() - started < 30
+    assert "--ray auto: $RAY_ADDRESS names 127.0.0.1:1, and nobody answers there" in err
+    assert "--ray HOST:PORT" in err
+
+
+def test_ray_auto_with_a_stale_record_of_ray_start_is_one_line(monkeypatch, tmp_path, capsys):
+    """`ray start` leaves the head's address in ray/ray_current_cluster; a cluster since stopped leaves it
+    behind, and Ray would wait minutes on it."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:1\n")
+    err = one_line_exit_2(["probe", "--ray", "auto"], capsys)
+    assert "names 127.0.0.1:1, and nobody answers there" in err and "ray_current_cluster" in err
 
 
 def test_without_ray_the_flag_says_how_to_install_it(monkeypatch, capsys):

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from autotune.errors import UserError
@@ -89,20 +92,57 @@ class Cluster:
 
 def check_reachable(address: str) -> None:
     """Something must answer at host:port: Ray's own connection attempt waits for minutes."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
+    host, port = _host_port(address)
+    if host is None:
         raise UserError(
             f"--ray {address!r}: expected HOST:PORT of the cluster's head (as `ray start --head` prints it) "
             f"or auto (the cluster this machine belongs to)"
         )
-    try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS).close()
-    except OSError as exc:
-        why = exc.strerror or type(exc).__name__
+    why = _silent(host, port)
+    if why:
         raise UserError(
             f"--ray {address}: nobody answers at {host}:{port} ({why}); start the cluster there "
             f"(`ray start --head`), give its head's address, or --ray auto on one of its nodes"
-        ) from None
+        )
+
+
+def check_auto_reachable() -> None:
+    """--ray auto: the head Ray would join must answer, as an explicit address must (on a stale record Ray
+    waits minutes); with nothing recorded, Ray's own error comes at once."""
+    address, where = recorded_address()
+    host, port = _host_port(address or "")
+    why = _silent(host, port) if host is not None else None
+    if address is not None and why:
+        raise UserError(
+            f"--ray auto: {where} names {address}, and nobody answers there ({why}); start the cluster "
+            f"(`ray start --head`), or give a live head's address: --ray HOST:PORT"
+        )
+
+
+def recorded_address() -> tuple[str | None, str]:
+    """What `--ray auto` joins, as Ray finds it, and where that was read: $RAY_ADDRESS, else the head `ray
+    start` recorded on this machine (ray/ray_current_cluster in RAY_TMPDIR or the temporary folder)."""
+    named = os.environ.get("RAY_ADDRESS", "").strip()
+    if named and named != "auto":
+        return named, "$RAY_ADDRESS"
+    record = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+    with contextlib.suppress(OSError, IndexError):
+        return record.read_text().split()[0], f"{record} (the cluster `ray start` recorded)"
+    return None, ""
+
+
+def _host_port(address: str) -> tuple[str | None, int]:
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else (None, 0)
+
+
+def _silent(host: str, port: int) -> str | None:
+    """Why nothing answers at host:port within CONNECT_SECONDS; None when something does."""
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_SECONDS).close()
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
 
 
 def read_cluster(ray: Any) -> Cluster:
@@ -126,7 +166,9 @@ def joined(address: str) -> Iterator[Cluster]:
     """This process as a driver of the cluster at `address` for the block; disconnected after it (unless it
     was connected before). `auto`: the cluster `ray start` recorded on this machine, or $RAY_ADDRESS."""
     ray = require_ray()
-    if address != "auto":
+    if address == "auto":
+        check_auto_reachable()
+    else:
         check_reachable(address)
     own = not ray.is_initialized()
     if own:
