@@ -62,6 +62,7 @@ class Attr:
     DOMINATES_OOM_TRIAL = "dominates_oom_trial"
     SEED_CONFIG = "seed_config"  # the hand-made config's name
     RETRY_OF = "retry_of"
+    FIRST_TRY = "first_try"  # a hand-made config's timeout on a busy machine, before its longer try
     SAVED_OUTCOME = "saved_outcome"  # a measurement the storage could not take, recorded without a probe
     REPLAY_OF = "replay_of"
     RECORDED_LATE = "recorded_late"

@@ -59,6 +59,16 @@ def test_disturbance_speaks_only_when_other_work_matters():
     )
 
 
+def test_a_probe_whose_ranks_reported_nothing_is_judged_by_the_load_average():
+    """A timeout leaves no rank's CPU window: the load average beside the probe is what shows the busy
+    machine (a probe keeps at most its cores busy; a core more is other work)."""
+    timed_out = {"load": {"other_cores": None, "cores": 2, "load_1m_start": 7.2, "load_1m_end": 8.9}}
+    assert disturbance(timed_out) == "the load average reached 8.9 on 2 cores (other work beside the probe)"
+    alone = {"load": {"other_cores": None, "cores": 2, "load_1m_start": 1.1, "load_1m_end": 2.4}}
+    assert disturbance(alone) == ""
+    assert "8.9 on 2 cores" in worst_disturbance([alone, timed_out])
+
+
 def test_busy_time_counts_only_the_cores_the_probe_may_run_on(tmp_path, monkeypatch):
     """Work pinned to another core (taskset, a second probe slot) does not slow this probe: not counted."""
     stat = tmp_path / "stat"
@@ -275,6 +285,28 @@ def test_without_a_comparison_the_gain_says_it_rests_on_first_measurements(tmp_p
     study, _, _ = _study_with_a_winner_and_a_hand_made_config()
     result = write_report(study, tmp_path, BUDGET, plan=StudyPlan(model="tiny-llama"))
     assert any("3.00x" in line and "not back to back" in line for line in result.messages)
+
+
+def test_a_hand_made_config_that_timed_out_is_no_gain_measured_with_the_command_to_get_it(tmp_path):
+    """The terminal, report.md and summary.json say why there is no gain and what would measure it; the
+    table shows the missing figures as missing, never as 0.000."""
+    study = new_study()
+    busy = {"load": {"other_cores": None, "cores": 2, "load_1m_start": 7.0, "load_1m_end": 8.5}}
+    result = {**result_attrs(knobs(), 0.0, 0, "timeout"), "environment": {"load": busy["load"]}}
+    first = {"status": "timeout", "timeout_seconds": 300.0, "busy": "", "second_timeout_seconds": 600.0}
+    record(study, "timeout", knobs(), seed_config="hand", result=result, first_try=first)
+    record(study, "ok", knobs(micro_batch_size=4, gradient_accumulation_steps=2), 30.0, 0.6)
+    written = write_report(study, tmp_path, BUDGET, plan=StudyPlan(model="tiny-llama"))
+    said = (
+        "no gain measured: the hand-made config 'hand' (#0) timed out at 600 s (the load average reached 8.5"
+    )
+    assert any(line.startswith(said) for line in written.messages), written.messages
+    assert any("--timeout-per-probe 1200" in line for line in written.messages)
+    (gain_entry,) = json.loads((tmp_path / "summary.json").read_text())["gain"]
+    assert gain_entry["ratio"] is None and gain_entry["hand_made_samples_per_sec"] is None
+    assert gain_entry["missing"].startswith(said)
+    markdown = (tmp_path / "report.md").read_text()
+    assert said in markdown and "| hand | #0 | timeout | — | — |" in markdown
 
 
 def test_a_faster_trial_over_the_headroom_is_a_near_miss_with_its_reason(tmp_path):

@@ -198,3 +198,46 @@ def test_a_probe_lost_with_its_fork_server_is_retried_with_its_hand_made_label(t
     assert retry.user_attrs["retry_of"] == first.number
     assert retry.user_attrs["seed_config"] == first.user_attrs["seed_config"]
     assert retry.user_attrs["config"] == first.user_attrs["config"] and retry.user_attrs["status"] == "ok"
+
+
+BUSY_TIMEOUT = {"load": {"other_cores": None, "cores": 2, "load_1m_start": 7.0, "load_1m_end": 8.5}}
+
+
+def _timing_out_first(busy: dict):
+    """A probe whose first launch times out with `busy` conditions, the next ones run: the limits it saw."""
+    limits = []
+
+    def probe(config, settings, cancel=None):
+        limits.append(settings.timeout_seconds)
+        if len(limits) == 1:
+            return ProbeResult(
+                status="timeout", message="probe exceeded its wall-clock timeout", environment=busy
+            )
+        return ProbeResult(status="ok", samples_per_sec=2.0, peak_memory_bytes=int(0.5 * GIB))
+
+    return probe, limits
+
+
+def test_a_hand_made_config_that_timed_out_on_a_busy_machine_gets_one_longer_try(tmp_path):
+    """The gain rests on the hand-made config: a timeout while other work held the cores is not its
+    verdict. Probed once more with twice the limit; the trial says so."""
+    probe, limits = _timing_out_first(BUSY_TIMEOUT)
+    tuner = make_tuner(tmp_path, probe)
+    enqueue_seed_configs(tuner.study, tuner.space)
+    trial = tuner.step()
+    assert limits == [600.0, 1200.0] and trial.user_attrs["status"] == "ok"
+    first = trial.user_attrs["first_try"]
+    assert first["status"] == "timeout" and first["second_timeout_seconds"] == 1200.0
+    assert "load average reached 8.5" in first["busy"]
+
+
+def test_a_timeout_on_a_quiet_machine_or_of_a_searched_config_is_its_verdict(tmp_path):
+    quiet = {"load": {"other_cores": None, "cores": 2, "load_1m_start": 1.0, "load_1m_end": 2.0}}
+    probe, limits = _timing_out_first(quiet)
+    tuner = make_tuner(tmp_path, probe)
+    enqueue_seed_configs(tuner.study, tuner.space)
+    assert tuner.step().user_attrs["status"] == "timeout" and limits == [600.0]
+    probe, limits = _timing_out_first(BUSY_TIMEOUT)
+    (tmp_path / "searched").mkdir()
+    searched = make_tuner(tmp_path / "searched", probe)  # no hand-made config queued: the sampler's
+    assert searched.step().user_attrs["status"] == "timeout" and limits == [600.0]

@@ -232,6 +232,15 @@ def worst_disturbance(environments: list[dict[str, Any]]) -> str:
     return disturbance({"load": worst}).replace(" kept ", " kept up to ").replace(" had ", " had up to ")
 
 
+def _load_beyond_probe(load: dict[str, Any], cores: int) -> float | None:
+    """The 1-minute load average where it shows other work beside the probe (which keeps at most `cores`
+    busy) by a core or more: the only sign left when the ranks reported no CPU time (a timeout, a crash)."""
+    seen = [v for v in (load.get("load_1m_start"), load.get("load_1m_end")) if isinstance(v, (int, float))]
+    if not seen or max(seen) - cores < max(1.0, OTHER_CORES_SHARE * cores):
+        return None
+    return float(max(seen))
+
+
 def disturbance(environment: dict[str, Any], cores: int | None = None) -> str:
     """What other work took during a probe when it is enough to matter, else ''."""
     load = environment.get("load") or {}
@@ -240,6 +249,8 @@ def disturbance(environment: dict[str, Any], cores: int | None = None) -> str:
     busy = load.get("other_cores")
     if busy is not None and busy >= max(OTHER_CORES_FLOOR, OTHER_CORES_SHARE * cores):
         said.append(f"other work kept {busy:.1f} of {cores} cores busy")
+    elif busy is None and (high := _load_beyond_probe(load, cores)):
+        said.append(f"the load average reached {high:.1f} on {cores} cores (other work beside the probe)")
     for gpu in load.get("gpus") or []:
         busy_gpu = gpu.get("utilization")
         if gpu["used_bytes"] > GPU_OTHER_BYTES or (busy_gpu or 0.0) > GPU_OTHER_UTILIZATION:

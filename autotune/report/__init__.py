@@ -8,6 +8,7 @@ __all__ = [
     "html",
     "lines",
     "markdown",
+    "missing_gain",
     "pick",
     "selection",
     "tables",

@@ -423,7 +423,8 @@ def seed_gains(
         ratio = chosen.values[0] / trial.values[0] if chosen is not None and ok else None
         worst = worst_disturbance([trial_environment(t) for t in (trial, chosen) if t])
         busy = [worst] if worst else []
-        gains.append(Gain(str(name), trial, ratio, seed_speed=trial.values[0], conditions=busy))
+        speed = trial.values[0] if ok else None  # a config that did not run through has no speed, not 0
+        gains.append(Gain(str(name), trial, ratio, seed_speed=speed, conditions=busy))
     return gains
 
 

@@ -111,6 +111,10 @@ def trial_line(trial: FrozenTrial, searched_recipe: Sequence[str] = ()) -> str:
         parts.append(f"= #{attrs[Attr.DUPLICATE_OF]}")
     if attrs.get(Attr.SEED_CONFIG):
         parts.append(f"hand-made '{attrs[Attr.SEED_CONFIG]}'")
+    if first := attrs.get(Attr.FIRST_TRY):
+        parts.append(
+            f"(a second try: the first timed out at {first['timeout_seconds']:.0f} s, {first['busy']})"
+        )
     busy = disturbance(trial_environment(trial))
     if busy:
         parts.append(f"[{busy}]")

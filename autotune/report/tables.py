@@ -18,6 +18,7 @@ from autotune.models.names import verl_model_path
 from autotune.probe.conditions import worst_disturbance
 from autotune.report import pick
 from autotune.report.lines import SHORT_NAMES, VERL_WORDS, verl_short
+from autotune.report.missing_gain import no_gain_line
 from autotune.status import Attr, Status
 from autotune.study.trials import describe_budget, trial_config, trial_environment, trial_status
 from autotune.units import gib
@@ -223,11 +224,10 @@ def gains_table(report: ReportData) -> Table:
             if gain.verl is None
             else f"{gain.verl.ratio:.2f}x ({gain.verl.low:.2f}-{gain.verl.high:.2f}x)"
         )
-        speed = gain.seed_speed if gain.seed_speed is not None else t.values[0]
+        speed = f"{gain.seed_speed:.3f}" if gain.seed_speed is not None else "—"  # not measured: not 0
+        peak = gib(t.values[1]) if t.values and t.values[1] else "—"
         basis = "back to back, in turn" if gain.back_to_back else "first probes (not back to back)"
-        rows.append(
-            [gain.name, f"#{t.number}", trial_status(t), f"{speed:.3f}", gib(t.values[1]), ratio, verl, basis]
-        )
+        rows.append([gain.name, f"#{t.number}", trial_status(t), speed, peak, ratio, verl, basis])
     return headers, rows
 
 
@@ -441,6 +441,10 @@ def gain_lines(report: ReportData) -> list[str]:
                 "part of it"
             )
             lines.append(f"{g.ratio:.2f}x the samples/s of the hand-made config '{g.name}' ({basis}{busy}).")
+        elif report.selection.chosen and (
+            missing := no_gain_line(g, report.plan.settings.get("timeout_seconds"))
+        ):
+            lines.append(missing)
     transfer = transfer_line(report)
     return lines + ([transfer] if transfer and lines else [])
 

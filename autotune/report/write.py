@@ -38,6 +38,7 @@ from autotune.formats.verl import format_overrides
 from autotune.memory.budget import Budget
 from autotune.report.data import ReportData, best_config_yaml, build_report, config_yaml
 from autotune.report.markdown import render_markdown
+from autotune.report.missing_gain import no_gain_line
 from autotune.report.tables import (
     conditions_lines,
     gain_lines,
@@ -251,6 +252,10 @@ def summary(
                 # what a verl job gets: the knobs verl reads, with the range of the pairwise ratios
                 "verl": None if g.verl is None else g.verl.to_dict(),
                 "probe_only": None if g.probe_only is None else g.probe_only.to_dict(),
+                # why there is no ratio and what would measure it (None when there is one)
+                "missing": no_gain_line(g, report.plan.settings.get("timeout_seconds"))
+                if chosen is not None
+                else None,
             }
             for g in report.gains
         ],

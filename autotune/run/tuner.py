@@ -7,6 +7,7 @@ It composes the parts that each own one concern: `coordination` (claims, quota, 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from optuna.trial import FrozenTrial
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.budget import Budget
 from autotune.memory.model import MemoryModel
+from autotune.probe.conditions import disturbance
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.probe.launcher import run_probe
 from autotune.search import policy
@@ -30,7 +32,16 @@ from autotune.study.outcome import Outcome, outcome_from_dict, outcome_from_resu
 from autotune.study.storage import PATIENCE_SECONDS, retrying
 from autotune.study.trials import finished_trials
 
-__all__ = ["Tuner"]
+__all__ = ["LONGER_TRY", "Tuner"]
+
+LONGER_TRY = 2.0  # a hand-made config that timed out on a busy machine is probed once more with this × limit
+
+
+def _baseline_timed_out_busy(trial: optuna.Trial, outcome: Outcome) -> str:
+    """What other work took, when the hand-made config (the gain's baseline) timed out under it; else ''."""
+    if not trial.user_attrs.get(Attr.SEED_CONFIG) or outcome.status != Status.TIMEOUT:
+        return ""
+    return disturbance((outcome.attrs.get(Attr.RESULT) or {}).get("environment") or {})
 
 
 @dataclass
@@ -86,7 +97,33 @@ class Tuner:
             else:
                 wait_for_twin(self.study, trial.number, config, self.retry, cancel)
                 outcome = self.decide(config, cancel, settings, number=trial.number)
+                if busy := _baseline_timed_out_busy(trial, outcome):
+                    outcome = self._longer_try(trial.number, config, cancel, settings, outcome, busy)
             return self.record_or_keep(trial, outcome)
+
+    def _longer_try(
+        self,
+        number: int,
+        config: ProbeConfig,
+        cancel,
+        settings: ProbeSettings | None,
+        first: Outcome,
+        busy: str,
+    ) -> Outcome:
+        """The hand-made config timed out while other work held the machine: the gain rests on it, so it is
+        probed once more with LONGER_TRY times the limit; the outcome records the first try."""
+        settings = settings or self.settings
+        limit = settings.timeout_seconds * LONGER_TRY
+        self.on_probe_start(number, config)
+        result = self.probe(config, dataclasses.replace(settings, timeout_seconds=limit), cancel=cancel)
+        attrs = {k: v for k, v in first.attrs.items() if k != Attr.RESULT}
+        attrs[Attr.FIRST_TRY] = {
+            "status": first.status,
+            "timeout_seconds": settings.timeout_seconds,
+            "busy": busy,
+            "second_timeout_seconds": limit,
+        }
+        return outcome_from_result(config, result, self.budget, attrs)
 
     def propose(self, quota: int | None) -> tuple[optuna.Trial, ProbeConfig] | None:
         """Ask for a trial and claim its config, unless `quota` is reached; one thread at a time."""
