@@ -71,7 +71,60 @@ SCENARIOS = (
 )
 
 
-def _cases() -> list[dict[str, Any]]:
+# The scale grid (`--grid scale`): 32B and 72B full-parameter GRPO as verl's large tuning scripts run them
+# (n=5 with KL, full_shard, checkpointing, dynamic batch size; 1024 + 2048 tokens), over 8 and 32 GPUs, with
+# param and optimizer offload and without, at token budgets of 16k and 24k per GPU.
+SCALE_BASE = {
+    "algorithm": "grpo",
+    "rollout_n": 5,
+    "kl_coef": 0.001,
+    "sharding": "full_shard",
+    "train_batch_size": 1280,
+    "rollout_batch_size": 1280,
+    "micro_batch_size": 8,
+    "gradient_accumulation_steps": 4,
+    "max_prompt_length": 1024,
+    "max_response_length": 2048,
+    "gradient_checkpointing": True,
+    "use_dynamic_bsz": True,
+}
+SCALE_MODELS = (("qwen2.5-32b", 8), ("qwen2.5-72b", 32))
+SCALE_VARIATIONS: list[tuple[str, dict[str, Any]]] = [
+    (
+        "dyn16k-offload",
+        {"ppo_max_token_len_per_gpu": 16384, "param_offload": True, "optimizer_offload": True},
+    ),
+    (
+        "dyn24k-offload",
+        {"ppo_max_token_len_per_gpu": 24576, "param_offload": True, "optimizer_offload": True},
+    ),
+    ("dyn24k", {"ppo_max_token_len_per_gpu": 24576}),
+]
+
+
+def _scale_cases() -> list[dict[str, Any]]:
+    cases = []
+    for model, gpus in SCALE_MODELS:
+        for name, knobs in SCALE_VARIATIONS:
+            config = dataclasses.replace(ProbeConfig(), **{**SCALE_BASE, **knobs})
+            config = dataclasses.replace(
+                config, log_prob_max_token_len_per_gpu=config.ppo_max_token_len_per_gpu
+            )
+            cases.append(
+                {
+                    "name": f"scale/{model}/{name}",
+                    "model": model,
+                    "reward": None,
+                    "gpus": gpus,
+                    "config": config.to_dict(),
+                }
+            )
+    return cases
+
+
+def _cases(grid: str = "main") -> list[dict[str, Any]]:
+    if grid == "scale":
+        return _scale_cases()
     from autotune.formats.read import read_target
     from autotune.models.names import registry_name
 
@@ -119,13 +172,15 @@ def _trace(spec: Any, reward: Any, config: ProbeConfig, gpus: int, verl_python: 
     return trace_memory(spec, reward, config, gpus)
 
 
-def collect(out: Path, verl_python: str | None = None, only: list[str] | None = None) -> None:
+def collect(
+    out: Path, verl_python: str | None = None, only: list[str] | None = None, grid: str = "main"
+) -> None:
     from autotune.memory.model import Architecture, predict_components
     from autotune.models.registry import resolve_model
     from autotune.probe.traced import TraceUnavailable
 
     done = {json.loads(line)["name"] for line in out.read_text().splitlines()} if out.exists() else set()
-    for case in _cases():
+    for case in _cases(grid):
         if case["name"] in done or (only and not any(part in case["name"] for part in only)):
             continue
         spec = resolve_model(case["model"])
@@ -224,9 +279,12 @@ def main(argv: list[str] | None = None) -> int:
         "--verl-python", help="collect: trace in this verl 0.9.1 python, with verl's functions"
     )
     parser.add_argument("--only", nargs="+", help="collect: only the cases whose name holds one of these")
+    parser.add_argument(
+        "--grid", choices=["main", "scale"], default="main", help="collect: the 7B-13B grid or 32B-72B"
+    )
     args = parser.parse_args(argv)
     if args.command == "collect":
-        collect(args.out, args.verl_python, args.only)
+        collect(args.out, args.verl_python, args.only, args.grid)
     elif args.command == "table":
         table(args.out)
     elif args.command == "peaks":
