@@ -151,3 +151,19 @@ def test_a_config_with_room_gets_the_system_knobs_that_fit_in_text_and_json():
 def test_a_config_without_room_gets_no_room_note():
     result = check(CheckOptions(path=DATA / "seed_scenario_2.yaml", gpus=4, gpu="a100-40g", cores=8))
     assert result.memory["verdict"] == "over" and "room" not in result.memory
+
+
+@pytest.mark.parametrize(("card_gib", "resident_gib"), [(80, 43), (80, 5), (40, 12.5), (24, 15.8), (141, 70)])
+def test_the_share_autotune_exports_fits_the_rollout_phase_it_is_judged_by(card_gib, resident_gib):
+    """One arithmetic for both: the exported share beside the resident states is within the rollout phase's
+    limit, and the rollout fix offers that same share."""
+    from autotune.formats.rollout import MARGIN, largest_share
+
+    card = Budget(int(card_gib * GIB), MARGIN)
+    share = largest_share(card.bytes, resident_gib * GIB)
+    phase = rollout_phase(_target(share), card.bytes, int(resident_gib * GIB))
+    assert phase is not None and phase.verdict(card) == "fits"
+    over = rollout_phase(_target(min(1.0, share + 0.2)), card.bytes, int(resident_gib * GIB))
+    assert over is not None and over.verdict(card) != "fits"
+    fix = rollout_fix(over, card, training_peak=0.0)
+    assert f"→{share:.2f}:" in fix or share < 0.10

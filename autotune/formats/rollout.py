@@ -133,6 +133,14 @@ def rollout_engine(
     )
 
 
+def largest_share(card_bytes: float, resident_bytes: float, margin: float = MARGIN) -> float:
+    """The largest gpu_memory_utilization (a multiple of STEP, unclamped) whose pool fits beside
+    `resident_bytes` of training states, keeping `margin` of what they leave free: the export's rule and the
+    memory verdict's rollout fix (memory/rollout_phase.py), one arithmetic."""
+    free = max(0.0, card_bytes - resident_bytes)
+    return math.floor(free * (1 - margin) / card_bytes / STEP + 1e-9) * STEP
+
+
 def _utilization_rule(card_bytes: float | None, resident_bytes: float | None) -> tuple[float, list[str], str]:
     """What the resident training states leave of the card, less the margin; verl's default without a card.
     Returns the share, its notes and its basis."""
@@ -143,7 +151,7 @@ def _utilization_rule(card_bytes: float | None, resident_bytes: float | None) ->
             "verl's default",
         )
     free = max(0.0, card_bytes - resident_bytes)
-    share = math.floor(free * (1 - MARGIN) / card_bytes / STEP + 1e-9) * STEP
+    share = largest_share(card_bytes, resident_bytes)
     utilization = round(min(max(share, UTILIZATION_RANGE[0]), UTILIZATION_RANGE[1]), 2)
     states = f"the training states resident while vLLM generates ({resident_bytes / GIB:.2f} GiB)"
     card = f"the {card_bytes / GIB:.2f} GiB card"

@@ -11,17 +11,16 @@ verl frees the gradients after the update). The step's peak is the larger of tha
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from autotune.config.knobs import VERL_DEFAULT_UTILIZATION
+from autotune.formats.rollout import largest_share
 from autotune.formats.target import Target
 from autotune.memory.budget import Budget
 from autotune.units import GIB, gib
 
-__all__ = ["SHARE_STEP", "RolloutPhase", "rollout_fix", "rollout_phase"]
+__all__ = ["RolloutPhase", "rollout_fix", "rollout_phase"]
 
-SHARE_STEP = 0.05  # a share a person writes
 SHARE_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"  # a verl file's
 SMALLEST_SHARE = 0.10  # below this vLLM's pool holds little beside its weights: not offered as a fix
 
@@ -83,14 +82,13 @@ def rollout_fix(
     offloaded: tuple[float, float] | None = None,
     weights_share: float = 0.0,
 ) -> str:
-    """The rollout's own first aid, every fix offered fitting the study's limit: the largest share (a
-    multiple of SHARE_STEP) beside the resident states when the training phases fit too; the states offloaded
-    (`offloaded`: the training and rollout peaks with param_offload and optimizer_offload) when both fit;
-    else, in words, fewer states on the GPU. A share is never below `weights_share`, the part of the card
-    vLLM's bf16 weights take on one GPU (it could not start)."""
+    """The rollout's own first aid, every fix offered fitting the study's limit: the largest share
+    (`largest_share`, the export's rule) beside the resident states when the training phases fit too; the
+    states offloaded (`offloaded`: the training and rollout peaks with param_offload and optimizer_offload)
+    when both fit; else, in words, fewer states on the GPU. A share is never below `weights_share`, the part
+    of the card vLLM's bf16 weights take on one GPU (it could not start)."""
     offered = []
-    room = phase.limit(card.headroom) - phase.resident
-    share = math.floor(room / phase.card_bytes / SHARE_STEP + 1e-9) * SHARE_STEP
+    share = largest_share(phase.card_bytes, phase.resident, card.headroom)
     if share >= max(SMALLEST_SHARE, weights_share) and training_peak <= card.limit:
         after = phase.resident + share * phase.card_bytes
         offered.append(
