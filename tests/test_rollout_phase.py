@@ -167,3 +167,14 @@ def test_the_share_autotune_exports_fits_the_rollout_phase_it_is_judged_by(card_
     assert over is not None and over.verdict(card) != "fits"
     fix = rollout_fix(over, card, training_peak=0.0)
     assert f"→{share:.2f}:" in fix or share < 0.10
+
+
+def test_room_names_a_larger_rollout_share_when_the_states_leave_it(tmp_path: Path):
+    """LoRA 3B over 8 GPUs at a share of 0.3: the states take little, so the room note offers the largest
+    share that fits beside them (a larger KV cache), with its peak, the rule the export uses."""
+    path = tmp_path / "small_share.txt"
+    path.write_text(_job("qwen2.5-3b", 8, 0.3, lora=True))
+    memory = check(CheckOptions(path=path, gpu="a100-80g", cores=64)).memory
+    (larger,) = [e for e in memory["room"] if e["change"].startswith("rollout.gpu_memory_utilization 0.3→")]
+    assert larger["predicted_peak_gib"] <= memory["limit_gib"] + 80 * 0.1  # within the rollout's own limit
+    assert float(larger["change"].split("→")[1].split()[0]) >= 0.8

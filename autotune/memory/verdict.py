@@ -15,7 +15,7 @@ from autotune.config.lengths import JobLengths
 from autotune.config.rules import (
     Finding,
 )
-from autotune.formats.rollout import pool_findings
+from autotune.formats.rollout import largest_share, pool_findings
 from autotune.formats.target import Measured, Target
 from autotune.memory.advice import first_aid, shorter_lengths, trl_first_aid
 from autotune.memory.budget import Budget
@@ -265,7 +265,7 @@ def _room(
     def peak_of(c: ProbeConfig) -> float:
         return _step_peak(model, target, c, card)
 
-    changes = room_changes(model, config, card, peak_of)
+    changes = room_changes(model, config, card, peak_of) + _larger_share(model, target, config, card)
     info["room"] = [
         {"change": change, "predicted_peak_gib": round(peak / GIB, 2)} for change, peak in changes
     ]
@@ -278,6 +278,26 @@ def _room(
         f"{listed}. A study measures what they buy: `autotune run --from` your verl or TRL file"
     )
     return [Finding("memory", note, severity="note", key="room")]
+
+
+ROOM_SHARE_STEP = 0.10  # a larger rollout share worth saying: a tenth of the card more for the KV cache
+
+
+def _larger_share(
+    model: MemoryModel, target: Target, config: ProbeConfig, card: Budget
+) -> list[tuple[str, int]]:
+    """The largest rollout share that still fits beside the resident states (the export's rule), when it is
+    a tenth of the card or more above the file's: a larger KV cache lets vLLM generate more at once."""
+    estimate = estimate_with(model, config)
+    rollout = rollout_phase(target, card.bytes, _resident(estimate))
+    if rollout is None:
+        return []
+    share = largest_share(card.bytes, rollout.resident, card.headroom)
+    if share < rollout.share + ROOM_SHARE_STEP - 1e-9:
+        return []
+    peak = int(max(estimate.peak, rollout.resident + share * card.bytes))
+    change = f"rollout.gpu_memory_utilization {rollout.share:g}→{share:.2f} (a larger KV cache)"
+    return [(change, peak)]
 
 
 def _at_the_limits(
