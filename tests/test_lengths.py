@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,6 +13,7 @@ import pytest
 from autotune.cli import main
 from autotune.data.lengths import (
     length_stats,
+    measure_lengths,
     parse_percentiles,
     pick_keys,
     round_up_limit,
@@ -310,3 +312,47 @@ def test_a_local_tokenizer_without_a_template_renders_plain_text(tmp_path, capsy
     assert main(["lengths", str(path), "--model", str(model)]) == 0
     out = capsys.readouterr().out
     assert "plain text (no chat template)" in out and "approximate" not in out
+
+
+# --- large files: streamed, sampled -----------------------------------------------------------------------
+
+
+def _numbered(tmp_path, count: int, name: str = "many.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text(
+        "".join(json.dumps({"prompt": f"p{i}", "response": "r " * (i % 7)}) + "\n" for i in range(count))
+    )
+    return path
+
+
+def test_a_large_file_is_a_uniform_sample_in_file_order_the_same_every_time(tmp_path):
+    from autotune.data.records import read_sample
+
+    path = _numbered(tmp_path, 1200)
+    frame, total = read_sample(path, rows=100)
+    assert total == 1200 and len(frame) == 100
+    numbers = [int(p[1:]) for p in frame["prompt"]]
+    assert numbers == sorted(numbers) and numbers[0] < 200 and numbers[-1] > 1000  # spread, in order
+    again, _ = read_sample(path, rows=100)
+    assert again["prompt"].tolist() == frame["prompt"].tolist()
+    parquet = tmp_path / "many.parquet"
+    pd.read_json(path, lines=True).to_parquet(parquet)
+    assert read_sample(parquet, rows=100)[0]["prompt"].tolist() == frame["prompt"].tolist()  # one rule
+    everything, total = read_sample(path, rows=None)
+    assert len(everything) == total == 1200
+
+
+def test_a_column_whose_type_changes_is_read_by_pandas_and_sampled_alike(tmp_path):
+    from autotune.data.records import read_sample
+
+    path = _numbered(tmp_path, 300)
+    with path.open("a") as f:  # a chat prompt after 300 text ones: pyarrow cannot type the column
+        f.write(json.dumps({"prompt": [{"role": "user", "content": "hi"}], "response": "ok"}) + "\n")
+    frame, total = read_sample(path, rows=50)
+    assert total == 301 and len(frame) == 50
+
+
+def test_the_report_says_when_its_lengths_are_a_sample(tmp_path):
+    report = measure_lengths(_numbered(tmp_path, 1000), MODEL, sample_rows=200)
+    assert report.records == 1000 and report.sampled == 200 and report.prompts.size == 200
+    assert report.to_dict()["sampled"] == 200

@@ -1,3 +1,3 @@
 """What a dataset says about lengths: token counts, percentiles and the limits they suggest."""
 
-__all__ = ["lengths"]
+__all__ = ["lengths", "records"]

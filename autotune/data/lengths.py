@@ -19,14 +19,17 @@ is counted with its own tokenizer and chat template, exactly.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from autotune.data.records import SAMPLE_ROWS, read_sample
 from autotune.errors import UserError
 from autotune.units import round_up
 
@@ -39,14 +42,12 @@ __all__ = [
     "Texts",
     "collect_texts",
     "count_tokens",
-    "data_format",
     "length_stats",
     "measure_lengths",
     "parse_percentiles",
     "pick_keys",
     "print_report",
     "prompt_counts",
-    "read_records",
     "response_counts",
     "round_up_limit",
     "split_chat",
@@ -54,8 +55,6 @@ __all__ = [
     "truncated_share",
 ]
 
-FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst", ".zip")  # pandas decompresses these by extension
 PROMPT_KEYS = ("prompt", "question", "instruction", "query", "messages", "conversations")
 RESPONSE_KEYS = ("response", "answer", "output", "completion", "chosen")
 DEFAULT_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
@@ -115,56 +114,6 @@ def _label(percentile: float) -> str:
 
 
 # --- reading ------------------------------------------------------------------------------------------
-
-
-def data_format(path: Path) -> str:
-    """jsonl, json, parquet or csv, from the extension (looking through a compression suffix: .gz, ...)."""
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] in COMPRESSIONS:
-        suffixes.pop()
-    suffix = suffixes[-1] if suffixes else ""
-    if suffix not in FORMATS:
-        raise UserError(
-            f"data file '{path}': unknown format {suffix or '(no extension)'!r}; use "
-            f"{', '.join(FORMATS)} (optionally compressed: {', '.join(COMPRESSIONS)})"
-        )
-    return FORMATS[suffix]
-
-
-def read_records(path: Path) -> pd.DataFrame:
-    """The data file as a DataFrame; a missing file, unknown format or unreadable content is a UserError."""
-    import pandas as pd
-
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"data file '{path}' " + ("is a directory" if path.is_dir() else "does not exist"))
-    kind = data_format(path)
-    try:
-        frame = _read(path, kind)
-    except ImportError as exc:  # pandas reads Parquet through pyarrow (or fastparquet)
-        raise UserError(f"reading Parquet needs pyarrow: pip install pyarrow ({exc})") from None
-    except (ValueError, OSError, pd.errors.ParserError) as exc:
-        reason = " ".join(str(exc).split())[:200]
-        raise UserError(f"cannot read '{path}' as {kind}: {reason}") from None
-    if frame.empty:
-        raise UserError(f"data file '{path}' holds no records")
-    return frame
-
-
-def _read(path: Path, kind: str) -> pd.DataFrame:
-    import pandas as pd
-
-    if kind == "parquet":
-        return pd.read_parquet(path)
-    if kind == "csv":
-        return pd.read_csv(path)
-    options = {"dtype": False}  # keep the text as text
-    if kind == "jsonl":
-        return pd.read_json(path, lines=True, **options)
-    try:  # a JSON array of records (or columns) ...
-        return pd.read_json(path, **options)
-    except ValueError:  # ... or JSON lines named .json
-        return pd.read_json(path, lines=True, **options)
 
 
 def pick_keys(
@@ -287,7 +236,10 @@ def _missing(value: Any) -> bool:
 
 
 def count_tokens(
-    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], add_special_tokens: bool = True
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    add_special_tokens: bool = True,
+    counted: Callable[[int], None] = lambda n: None,
 ) -> np.ndarray:
     """Token counts through the fast tokenizer's batch call, BATCH texts at a time.
 
@@ -305,18 +257,23 @@ def count_tokens(
             ids = tokenizer(chunk, add_special_tokens=add_special_tokens, return_attention_mask=False)
             lengths = [len(i) for i in ids["input_ids"]]
         counts[start : start + len(chunk)] = lengths
+        counted(len(chunk))
     return counts
 
 
-def prompt_counts(tokenizer: PreTrainedTokenizerBase, texts: Texts) -> np.ndarray:
+def prompt_counts(
+    tokenizer: PreTrainedTokenizerBase, texts: Texts, counted: Callable[[int], None] = lambda n: None
+) -> np.ndarray:
     # the chat template writes the special tokens itself (Llama's <s>): adding them again would count twice
-    templated = count_tokens(tokenizer, texts.templated, add_special_tokens=False)
-    return np.concatenate([templated, count_tokens(tokenizer, texts.plain, add_special_tokens=True)])
+    templated = count_tokens(tokenizer, texts.templated, False, counted)
+    return np.concatenate([templated, count_tokens(tokenizer, texts.plain, True, counted)])
 
 
-def response_counts(tokenizer: PreTrainedTokenizerBase, texts: Texts) -> np.ndarray:
+def response_counts(
+    tokenizer: PreTrainedTokenizerBase, texts: Texts, counted: Callable[[int], None] = lambda n: None
+) -> np.ndarray:
     eos = 1 if tokenizer.eos_token_id is not None else 0  # generation ends with EOS: it takes a slot
-    return count_tokens(tokenizer, texts.responses, add_special_tokens=False) + eos
+    return count_tokens(tokenizer, texts.responses, False, counted) + eos
 
 
 # --- the report ---------------------------------------------------------------------------------------
@@ -340,6 +297,7 @@ class LengthReport:
         default_factory=list
     )  # as tokenized: for the probe's prompts (run --data)
     chat_template_source: str | None = None  # whose template rendered the chat prompts; None: no template
+    sampled: int | None = None  # the records counted, when a uniform sample of `records` (data.records)
 
     @property
     def suggested_prompt_length(self) -> int:
@@ -359,6 +317,7 @@ class LengthReport:
             "prompt_key": self.prompt_key,
             "response_key": self.response_key,
             "records": self.records,
+            "sampled": self.sampled,
             "chat_records": self.chat_records,
             "chat_template": self.chat_template,
             "chat_template_source": self.chat_template_source if self.chat_template else None,
@@ -383,9 +342,11 @@ def measure_lengths(
     prompt_key: str | None = None,
     response_key: str | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    sample_rows: int | None = SAMPLE_ROWS,
 ) -> LengthReport:
-    """Read, render and tokenize a dataset: the counts and the suggested limits (UserError on bad input)."""
-    frame = read_records(Path(path))
+    """Read, render and tokenize a dataset: the counts and the suggested limits (UserError on bad input).
+    Past `sample_rows` records, a uniform sample of them (autotune.data.records); None counts every one."""
+    frame, total = read_sample(Path(path), sample_rows)
     prompt, response = pick_keys(list(frame.columns), prompt_key, response_key)
     if response is not None:
         check_response_column(frame, response, path, given=response_key is not None)
@@ -397,7 +358,9 @@ def measure_lengths(
     spec = resolve_model(model)
     tokenizer = load_tokenizer(spec)
     texts = collect_texts(frame, prompt, response, tokenizer)
-    prompts = prompt_counts(tokenizer, texts)
+    with _tokenizing(len(texts.templated) + len(texts.plain) + len(texts.responses)) as counted:
+        prompts = prompt_counts(tokenizer, texts, counted)
+        responses = response_counts(tokenizer, texts, counted)
     if not prompts.size:
         raise UserError(f"data file '{path}': every record's {prompt!r} is empty")
     exact = spec.tokenizer_path is not None
@@ -410,14 +373,32 @@ def measure_lengths(
         exact=exact,
         prompt_key=prompt,
         response_key=response,
-        records=len(frame),
+        records=total,
+        sampled=len(frame) if len(frame) < total else None,
         chat_records=texts.chat_records,
         chat_template=texts.chat_template,
         percentiles=tuple(percentiles),
         prompts=prompts,
-        responses=response_counts(tokenizer, texts),
+        responses=responses,
         prompt_texts=texts.templated + texts.plain,
     )
+
+
+PROGRESS_TEXTS = 20_000  # past this many texts, tokenizing takes seconds: a progress bar on a terminal
+
+
+@contextlib.contextmanager
+def _tokenizing(texts: int) -> Iterator[Callable[[int], None]]:
+    """A transient progress bar on stderr while `texts` are tokenized (a terminal and enough texts only)."""
+    if texts < PROGRESS_TEXTS or not sys.stderr.isatty():
+        yield lambda n: None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("tokenizing", total=texts)
+        yield lambda n: progress.advance(task, n)
 
 
 def print_report(report: LengthReport) -> None:
@@ -448,7 +429,12 @@ def _summary_lines(report: LengthReport, data: dict[str, Any]) -> list[str]:
     suggested, truncated = data["suggested"], data["truncated"]
     p95 = float(np.percentile(report.prompts, PROMPT_PERCENTILE))
     lines = []
-    if not report.exact:  # first: it qualifies every figure below
+    if report.sampled:  # first: it qualifies every figure below
+        lines.append(
+            f"lengths from a uniform random sample of {report.sampled:,} of the {report.records:,} records "
+            "(seeded: the same file gives the same figures)"
+        )
+    if not report.exact:
         lines.append(
             f"counts are {report.tokenizer}; for exact counts point --model at a local directory with "
             f"{report.model}'s tokenizer files"
