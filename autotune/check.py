@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -97,6 +98,7 @@ class CheckOptions:
     verl_python: str | None = None  # with trace: run it in verl's environment, with verl's per-token math
     trace_lengths: str | None = None  # with trace: "data" or "max" (TRACE_LENGTHS); None: the verdict's
     call: int | None = None  # a launch script's N-th trainer call (--call)
+    say: Callable[[str], None] = lambda line: None  # progress while it runs (the trace's estimate and passes)
 
 
 @dataclass
@@ -461,16 +463,35 @@ def _model_checks(
     memory_found, memory = memory_findings(arch, target, config, gpus, card, report, lengths, passes)
     traced = None
     if options.trace:  # the layout of the device the verdict is about, on the lengths it judged
-        from autotune.probe.traced import traced_check
+        from autotune.probe.traced import BUILT, traced_check
 
         layout = memory.get("device", "cuda")
         verdict = str(memory.get("lengths", "max"))  # a TRL file's: the limits, which TRL pads to
         on = _trace_lengths(options, verdict, lengths)
-        traced = traced_check(spec, reward_spec, config, gpus, layout, options.verl_python, on)
+        _say_estimate(options.say, spec, config, gpus, on)
+
+        def traced_pass(name: str, seconds: float) -> None:
+            options.say(f"  {name if name == BUILT else f'traced {name}'}: {seconds:.0f} s")
+
+        traced = traced_check(spec, reward_spec, config, gpus, layout, options.verl_python, on, traced_pass)
         if not traced.failed:
             note = _trace_lengths_note(traced, memory, verdict, config)
             traced = dataclasses.replace(traced, notes=[note, *traced.notes])
     return findings + memory_found, memory, traced
+
+
+def _say_estimate(
+    say: Callable[[str], None], spec: Any, config: ProbeConfig, gpus: int, lengths: Any
+) -> None:
+    """Before the trace starts: what it traces and about how long it takes here."""
+    from autotune.probe.traced import trace_estimate
+
+    seconds, passes = trace_estimate(spec, config, gpus, lengths)
+    layers = getattr(spec.config, "num_hidden_layers", "?")
+    say(
+        f"tracing {passes} passes of {spec.name} ({layers} layers) over {gpus} rank(s) under FakeTensorMode: "
+        f"about {seconds:.0f} s on two cores (between half and twice that, by the traces measured so far)"
+    )
 
 
 def print_result(result: CheckResult) -> None:

@@ -198,9 +198,15 @@ def test_check_trace_prints_both_estimates_per_phase(tmp_path: Path):
     for term in ("scoring: peak", "backward: peak", "update: peak", "weights"):
         assert term in shown.stdout, term
     assert "Traceback" not in shown.stderr
+    # progress on stderr while it runs: the estimate first, then each pass as it is traced
+    progress = shown.stderr.splitlines()
+    assert progress[0].startswith("tracing 5 passes of tiny-llama (2 layers) over 2 rank(s)"), progress
+    assert "about " in progress[0] and progress[1].startswith("  models built: ")
+    assert any(line.startswith("  traced actor update: ") for line in progress)
     as_json = subprocess.run([*run, "--json"], capture_output=True, text=True, timeout=300)
-    rows = json.loads(as_json.stdout)["trace"]["rows"]
-    assert {r["term"] for r in rows} >= {"weights", "update: peak"}
+    trace = json.loads(as_json.stdout)["trace"]
+    assert {r["term"] for r in trace["rows"]} >= {"weights", "update: peak"}
+    assert trace["estimate_seconds"] is not None and "actor update" in trace["pass_seconds"]
 
 
 @pytest.mark.e2e
@@ -296,7 +302,7 @@ def _traced_on(monkeypatch, tmp_path: Path, text: str = DATA_CONFIG, **options):
 
     asked: list[JobLengths] = []
 
-    def stand_in(spec, reward, config, gpus, layout, verl_python=None, lengths=None):
+    def stand_in(spec, reward, config, gpus, layout, verl_python=None, lengths=None, on_pass=None):
         asked.append(lengths)
         return TracedCheck([], [], 0.0, gpus, layout, lengths=lengths.label)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from autotune.commands.arguments import COUNT, GIB, RANKS, add_command, options_from
@@ -62,7 +63,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--trace",
         action="store_true",
         help="also trace the training passes of the real model under FakeTensorMode (no GPU, no weights; "
-        "20-90 s for a 7B model) and print them beside the memory model's terms, on the verdict's lengths",
+        "about a minute for a 7B model, a few at 70B: its estimate and each pass go to stderr) and print "
+        "them beside the memory model's terms, on the verdict's lengths",
     )
     parser.add_argument(
         "--trace-lengths",
@@ -83,4 +85,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from autotune.check import CheckOptions, run
 
-    return run(options_from(args, CheckOptions, path=args.config, memory_gib=args.memory), as_json=args.json)
+    def say(line: str) -> None:  # progress goes to stderr: --json keeps stdout to the JSON object
+        print(line, file=sys.stderr, flush=True)
+
+    options = options_from(args, CheckOptions, path=args.config, memory_gib=args.memory, say=say)
+    return run(options, as_json=args.json)

@@ -25,7 +25,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,8 @@ __all__ = [
     "verl_trace_python",
 ]
 
+PROGRESS_KEY = "traced"  # the trace process's stderr line {"traced": pass, "seconds": s} (rank/trace.py)
+BUILT = "models built"  # the progress line before the passes: the models built under FakeTensorMode
 TRACE_TIMEOUT = 900  # seconds: a 13B PPO config with a critic traces in about two minutes here
 
 # which of the analytic model's phases each traced pass belongs to
@@ -236,6 +239,8 @@ class TracedCheck:
     lengths_used: str = ""
     tokens: dict[str, int] = field(default_factory=dict)
     priced: dict[str, int] = field(default_factory=dict)
+    estimate_seconds: float | None = None  # said before it started (`trace_estimate`)
+    pass_seconds: dict[str, float] = field(default_factory=dict)  # each pass as it was traced, in order
 
     @classmethod
     def not_run(cls, why: str, world_size: int, layout: str = "cuda", lengths: str = "max") -> TracedCheck:
@@ -281,6 +286,8 @@ class TracedCheck:
             "lengths_used": self.lengths_used,
             "tokens": self.tokens,
             "priced_tokens": self.priced,
+            "estimate_seconds": self.estimate_seconds,
+            "pass_seconds": self.pass_seconds,
         }
 
 
@@ -304,10 +311,12 @@ def run_trace(
     layout: str,
     verl_python: str | None = None,
     lengths: JobLengths | None = None,
+    on_pass: Callable[[str, float], None] = lambda name, seconds: None,
 ) -> MemoryTrace:
     """The trace, in a process of its own, its micro batches packed from `lengths` (None: the limits);
     TraceUnavailable (one line) when it cannot run. With `verl_python` it runs in verl's environment with
-    verl's per-token functions (`verl_trace_python` has checked that environment)."""
+    verl's per-token functions (`verl_trace_python` has checked that environment). `on_pass(name, seconds)`
+    as each pass is traced."""
     job = {
         "model": _model_ref(actor_spec),
         "reward": _model_ref(reward_spec) if reward_spec else None,
@@ -321,18 +330,58 @@ def run_trace(
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MASTER_ADDR": "", "RANK": "", "WORLD_SIZE": ""}
     with _package_path(env, verl_python is not None):
         command = [verl_python or sys.executable, str(runner_path("memory_trace.py")), json.dumps(job)]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=TRACE_TIMEOUT, env=env)
-        except subprocess.TimeoutExpired as error:
-            raise TraceUnavailable(f"the trace ran over {TRACE_TIMEOUT} s") from error
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise TraceUnavailable(f"the trace process failed (exit {done.returncode}): {last[:200]}")
+        code, out, err = _run_with_progress(command, env, on_pass)
+    lines = out.strip().splitlines()
+    if code != 0 or not lines:
+        last = (err or ["no output"])[-1]
+        raise TraceUnavailable(f"the trace process failed (exit {code}): {last[:200]}")
     data = json.loads(lines[-1])
     if "failed" in data:
         raise TraceUnavailable(data["failed"])
     return MemoryTrace.from_dict(data)
+
+
+def _run_with_progress(
+    command: list[str], env: dict[str, str], on_pass: Callable[[str, float], None]
+) -> tuple[int, str, list[str]]:
+    """Run the trace process: its progress lines (stderr, PROGRESS_KEY) to `on_pass` as they come, its
+    stdout to a file (read at the end: nothing blocks on a full pipe); killed past TRACE_TIMEOUT. Returns
+    the exit code, stdout and the other stderr lines."""
+    other: list[str] = []
+    killed = threading.Event()
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.PIPE, text=True, env=env)
+
+        def kill() -> None:
+            killed.set()
+            proc.kill()
+
+        timer = threading.Timer(TRACE_TIMEOUT, kill)
+        timer.start()
+        try:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                said = _progress(line, PROGRESS_KEY)
+                if said is not None:
+                    on_pass(*said)
+                elif line.strip():
+                    other.append(line.rstrip())
+            proc.wait()
+        finally:
+            timer.cancel()
+        if killed.is_set():
+            raise TraceUnavailable(f"the trace ran over {TRACE_TIMEOUT} s")
+        out.seek(0)
+        return proc.returncode, out.read(), other[-20:]
+
+
+def _progress(line: str, key: str) -> tuple[str, float] | None:
+    if not line.startswith("{"):
+        return None
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        data = json.loads(line)
+        return str(data[key]), float(data["seconds"])
+    return None
 
 
 @contextlib.contextmanager
@@ -378,6 +427,29 @@ def verl_trace_python(python: str) -> str:
     return version
 
 
+# seconds a trace takes on two cores, fitted on the 45 traces of bench/results (within about 2x):
+# SECONDS_PER_LAYER_PASS x layers x passes + SECONDS_PER_LAYER_TOKEN x layers x the passes' micro-batch tokens
+SECONDS_PER_LAYER_PASS = 0.25
+SECONDS_PER_LAYER_TOKEN = 0.41e-4
+
+
+def trace_estimate(
+    actor_spec: ModelSpec, config: ProbeConfig, world_size: int, lengths: JobLengths | None = None
+) -> tuple[float, int]:
+    """(about how many seconds the trace takes on two cores, how many passes it traces): the model's layers
+    by its passes and by their micro batches' tokens (within about a factor of two)."""
+    from autotune.config.lengths import pass_tokens
+
+    layers = int(getattr(actor_spec.config, "num_hidden_layers", 0) or 0)
+    tokens = pass_tokens(config, lengths or JobLengths(), world_size)
+    ppo = config.algorithm == "ppo"
+    passes = 2 + bool(config.use_kl) + 2 * ppo  # log-prob, update; reference; values, critic update
+    traced = tokens.forward * (1 + bool(config.use_kl)) + tokens.update
+    traced += (tokens.critic_forward + tokens.critic_update) if ppo else 0
+    seconds = layers * (SECONDS_PER_LAYER_PASS * passes + SECONDS_PER_LAYER_TOKEN * traced)
+    return seconds, passes
+
+
 def traced_check(
     actor_spec: ModelSpec,
     reward_spec: ModelSpec | None,
@@ -386,6 +458,7 @@ def traced_check(
     layout: str,
     verl_python: str | None = None,
     lengths: JobLengths | None = None,
+    on_pass: Callable[[str, float], None] = lambda name, seconds: None,
 ) -> TracedCheck:
     """Trace `config` and set it beside the analytic terms, both on the job's `lengths` (None: the limits):
     the trace packs each pass's micro batch from them as the analytic model prices it. A trace that cannot
@@ -394,8 +467,15 @@ def traced_check(
     from autotune.memory.model import Architecture, predict_components
 
     lengths = lengths or JobLengths()
+    estimate, _ = trace_estimate(actor_spec, config, world_size, lengths)
+    passes: dict[str, float] = {}
+
+    def said(name: str, seconds: float) -> None:
+        passes[name] = seconds
+        on_pass(name, seconds)
+
     try:
-        trace = run_trace(actor_spec, reward_spec, config, world_size, layout, verl_python, lengths)
+        trace = run_trace(actor_spec, reward_spec, config, world_size, layout, verl_python, lengths, said)
     except TraceUnavailable as error:
         return TracedCheck.not_run(str(error), world_size, layout, lengths.label)
     arch = Architecture.from_specs(actor_spec, reward_spec)
@@ -411,4 +491,6 @@ def traced_check(
         lengths_used=lengths.describe(config.max_prompt_length, config.max_response_length),
         tokens=trace.tokens,
         priced=analytic.tokens,
+        estimate_seconds=round(estimate),
+        pass_seconds=passes,
     )

@@ -12,5 +12,6 @@ __all__ = [
     "rl_math",
     "sharding",
     "trace",
+    "trace_resident",
     "verl_math",
 ]

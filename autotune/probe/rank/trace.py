@@ -17,11 +17,8 @@ What is not traced, and why:
   tensor does not have; the analytic model's rollout phase stands.
 - DDP (replicate over W > 1): its C++ reducer cannot run on fake tensors; the rank's work is traced without
   it and DDP's gradient buckets (one fp32 copy of the gradients) are the analytic model's, labelled so.
-- offload's moves: the passes run with every state in place, and each pass's resident bytes are then what a
-  GPU run keeps on the device during it (`_on_device`). param_offload brings a model's weights for its
-  forward passes and its weights and gradients for its update (verl frees the gradients when a train step
-  ends); optimizer_offload brings Adam's states for the update; offload_policy keeps the actor's and the
-  critic's states on the host throughout, their gradients and Adam's step there too.
+- offload's moves: the passes run with every state in place; each pass's resident bytes are then what a
+  GPU run keeps on the device during it (autotune.probe.rank.trace_resident).
 - the allocator: the trace counts tensor bytes; a GPU's caching allocator rounds and fragments on top (the
   analytic model's calibrated factor), and the CUDA context is the calibrated constant.
 """
@@ -41,7 +38,13 @@ import torch
 from autotune.config.knobs import ProbeConfig
 from autotune.config.lengths import JobLengths
 from autotune.probe.rank.pass_math import AUTOTUNE, PassMath
-from autotune.probe.traced import MemoryTrace, PhasePeak, TraceUnavailable
+from autotune.probe.rank.trace_resident import (
+    device_side,
+    on_device,
+    resident_states,
+    trained_states,
+)
+from autotune.probe.traced import BUILT, PROGRESS_KEY, MemoryTrace, PhasePeak, TraceUnavailable
 
 __all__ = ["LAYOUTS", "main", "trace_memory"]
 
@@ -94,81 +97,6 @@ def _refuse(config: ProbeConfig, layout: str) -> None:
             "offload is verl's FSDP move on a GPU: a replicated or CPU-layout config with offload is not "
             "traced; the analytic model stands"
         )
-
-
-# --- resident bytes ---------------------------------------------------------------------------------------
-
-
-def _reference_on_host(models: Any, layout: str, sharded: bool) -> int:
-    """A GPU run keeps the sharded reference on the host (verl's forward-only engine): not device bytes."""
-    if layout != "cuda" or not sharded or models.ref is None:
-        return 0
-    from autotune.probe.rank.measure import state_bytes
-
-    only_ref = dataclasses.replace(
-        models, actor=models.ref, ref=None, critic=None, reward=None, actor_optimizer=None
-    )
-    return state_bytes(only_ref, "cpu")["weights"]
-
-
-def _resident(models: Any, buffer: list[torch.Tensor], layout: str, sharded: bool) -> dict[str, int]:
-    """Every state in place (no offload), the reference's host shards left out."""
-    from autotune.probe.rank.measure import state_bytes
-
-    states = state_bytes(models, "cpu")
-    states["weights"] -= _reference_on_host(models, layout, sharded)
-    return {**states, "rollout_buffer": sum(t.nbytes for t in buffer)}
-
-
-STATE_TERMS = ("weights", "gradients", "optimizer")
-
-
-def _trained_states(models: Any) -> dict[int, dict[str, int]]:
-    """id(model) -> the states offload moves, for the actor and the critic: weights, gradients, Adam's."""
-    from autotune.probe.rank.measure import state_bytes
-
-    found = {}
-    for model, optimizer in (
-        (models.actor, models.actor_optimizer),
-        (models.critic, models.critic_optimizer),
-    ):
-        if model is not None:
-            alone = dataclasses.replace(
-                models, actor=model, ref=None, critic=None, reward=None, actor_optimizer=optimizer
-            )
-            alone = dataclasses.replace(alone, critic_optimizer=None)
-            found[id(model)] = state_bytes(alone, "cpu")
-    return found
-
-
-def _away(config: ProbeConfig, states: dict[str, int], in_use: bool, updating: bool) -> dict[str, int]:
-    """What offload keeps on the host of one trained model's states during a pass: `in_use`, the pass runs
-    that model; `updating`, the pass is its update."""
-    if config.offload_policy:  # FSDP2's CPUOffloadPolicy: each unit is copied in for its compute only
-        return dict(states)
-    away = dict.fromkeys(STATE_TERMS, 0)
-    if config.param_offload:
-        away["weights"] = 0 if in_use else states["weights"]
-        away["gradients"] = 0 if in_use and updating else states["gradients"]
-    if config.optimizer_offload and not (in_use and updating):
-        away["optimizer"] = states["optimizer"]
-    return away
-
-
-def _on_device(
-    config: ProbeConfig,
-    resident: dict[str, int],
-    trained: dict[int, dict[str, int]],
-    model: Any,
-    updating: bool,
-) -> dict[str, int]:
-    """The resident bytes a GPU run keeps on the device during a pass of `model` (the states when no pass
-    runs: `model` None): `resident` less what offload keeps on the host."""
-    on = dict(resident)
-    for owner, states in trained.items():
-        for term, nbytes in _away(config, states, owner == id(model), updating).items():
-            on[term] -= nbytes
-    return on
 
 
 # --- building what the probe holds ------------------------------------------------------------------------
@@ -405,34 +333,27 @@ def _traced_pass(
 
 
 def _traced_passes(
-    passes: Iterator[tuple], resident_of: Callable[[Any, bool], dict[str, int]], on_host: set[int]
+    passes: Iterator[tuple],
+    resident_of: Callable[[Any, bool], dict[str, int]],
+    on_host: set[int],
+    on_pass: Callable[[str, float], None] = lambda name, seconds: None,
 ) -> list[PhasePeak]:
     """Every pass in the probe's order, each starting with what the other models' passes left alive (a pass's
     own tracker finds its model's leftovers itself: they are counted when it gathers them again).
     `resident_of(model, updating)`: the states on the device during the pass; `on_host`: the models whose
-    gradients and Adam's step stay on the host (offload_policy)."""
+    gradients and Adam's step stay on the host (offload_policy); `on_pass(name, seconds)` after each pass."""
     peaks: list[PhasePeak] = []
     left: dict[int, dict[str, int]] = {}  # id(model) -> what its latest pass left alive, by term
     for name, model, optimizer, run in passes:
+        started = time.perf_counter()
         resident = resident_of(model, optimizer is not None)
         others = [kept for owner, kept in left.items() if owner != id(model)]
         terms = {*resident, *CATEGORIES}
         start = {term: resident.get(term, 0) + sum(k.get(term, 0) for k in others) for term in terms}
         found, left[id(model)] = _traced_pass(name, model, optimizer, run, start)
-        peaks += _device_side(found, resident) if id(model) in on_host else found
+        peaks += device_side(found, resident) if id(model) in on_host else found
+        on_pass(name, time.perf_counter() - started)
     return peaks
-
-
-def _device_side(found: list[PhasePeak], resident: dict[str, int]) -> list[PhasePeak]:
-    """A pass of a model held under offload_policy: its gradients land on the host as they are reduced and
-    Adam steps there, so neither counts on the device; an update's peak is then its backward's."""
-    kept = []
-    for phase in found:
-        parts = {**phase.parts, "gradients": resident.get("gradients", 0), "optimizer_step": 0}
-        kept.append(PhasePeak(phase.name, sum(parts.values()), parts))
-    if len(kept) == 2 and kept[0].peak > kept[1].peak:  # the backward moment and the update's
-        kept[1] = PhasePeak(kept[1].name, kept[0].peak, kept[0].parts)
-    return kept
 
 
 def _one_step(config: ProbeConfig, samples: int, world_size: int) -> ProbeConfig:
@@ -558,6 +479,7 @@ def trace_memory(
     layout: str = "cuda",
     lengths: JobLengths | None = None,
     math: PassMath = AUTOTUNE,
+    on_pass: Callable[[str, float], None] = lambda name, seconds: None,
 ) -> MemoryTrace:
     """Trace the probe's scoring and update passes of `config` on one rank of `world_size`, their per-token
     math done by `math`'s functions (autotune's by default; verl's in verl's environment), each pass's micro
@@ -596,16 +518,20 @@ def trace_memory(
                     precision=layout == "cuda",
                 )
                 _warm_up(models, layout)
-                everything = _resident(models, _rollout_buffer(config, world_size), layout, config.sharded)
-                trained = _trained_states(models)
-                resident = _on_device(config, everything, trained, None, False)
+                everything = resident_states(
+                    models, _rollout_buffer(config, world_size), layout, config.sharded
+                )
+                trained = trained_states(models)
+                resident = on_device(config, everything, trained, None, False)
                 compute = torch.bfloat16 if layout == "cuda" else None
                 ctx = ppo.StepContext(config, HOST, world_size, 0, compute, lengths=lengths, math=math)
                 passes = _passes(models, ctx, config, world_size, lengths, built)
+                on_pass(BUILT, time.perf_counter() - started)
                 phases = _traced_passes(
                     passes,
-                    lambda model, updating: _on_device(config, everything, trained, model, updating),
+                    lambda model, updating: on_device(config, everything, trained, model, updating),
                     set(trained) if config.offload_policy else set(),
+                    on_pass,
                 )
             except TraceUnavailable:
                 raise
@@ -627,6 +553,14 @@ def trace_memory(
     seconds = time.perf_counter() - started
     functions = dict(math.functions)
     return MemoryTrace(world_size, layout, states, phases, seconds, notes, functions, lengths.label, built)
+
+
+def _say_pass(name: str, seconds: float) -> None:
+    """A pass done, for the parent's progress: one JSON line on stderr (PROGRESS_KEY)."""
+    import json
+    import sys
+
+    print(json.dumps({PROGRESS_KEY: name, "seconds": round(seconds, 1)}), file=sys.stderr, flush=True)
 
 
 def _pass_math(whose: str) -> PassMath:
@@ -655,7 +589,8 @@ def main(argv: list[str] | None = None) -> int:
         config = ProbeConfig(**job["config"])
         lengths = JobLengths.from_dict(job.get("lengths"))
         math = _pass_math(job.get("pass_math", "autotune"))
-        trace = trace_memory(spec, reward, config, int(job["world_size"]), job["layout"], lengths, math)
+        world, layout = int(job["world_size"]), job["layout"]
+        trace = trace_memory(spec, reward, config, world, layout, lengths, math, _say_pass)
     except TraceUnavailable as error:
         print(json.dumps({"failed": str(error)}))
         return 0
