@@ -22,7 +22,7 @@ article's advice: exit 0) or a note (context). The findings:
 - memory, judged as the study judges it: peak <= budget × (1 − headroom) fits, above the card is a problem,
   between them a warning. A best_config.yaml with a `measured:` block is judged by its measured peak against
   the budget and headroom recorded there, the memory model's prediction shown beside it as information. Asked
-  about a card (--gpu, --memory) or another GPU count, the study's memory model decides (`MemoryModel`, built
+  about a card (--gpu, --memory-budget) or another GPU count, the study's memory model decides (`MemoryModel`, built
   as `run.prepare` builds it: the device's priors; calibrated on the file's measurement when that was taken
   on CUDA), with the states held as the config holds them (`autotune.memory.sharded`; HF generate, not vLLM;
   for a verl file without the generate phase, since verl's rollout is vLLM's pool),
@@ -295,12 +295,12 @@ def verl_findings(overrides: dict[str, Any], gpus: int) -> list[Finding]:
 
 
 def _card(options: CheckOptions, target: Target) -> Budget | None:
-    """The card asked about (--gpu, --memory), else the study's budget when the file has no usable
+    """The card asked about (--gpu, --memory-budget), else the study's budget when the file has no usable
     measurement (with one, the measurement's own budget judges it: `memory_findings`)."""
     if options.gpu:
         return Budget(int(gpu_memory_gib(options.gpu) * GIB), name=normalise(options.gpu))
     if options.memory_gib:
-        return Budget(int(options.memory_gib * GIB), name="--memory")
+        return Budget(int(options.memory_gib * GIB), name="--memory-budget")
     if target.memory_gib and target.measured is None:
         return Budget(int(float(target.memory_gib) * GIB))
     return None

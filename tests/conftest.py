@@ -189,7 +189,7 @@ def probe_json(*args: str, timeout: float = 600, own_process: bool = False) -> t
 
     said = io.StringIO()
     with contextlib.chdir(REPO), contextlib.redirect_stdout(said):
-        code = main(["probe", "--device", "cpu", "--json", "--timeout", f"{timeout:.0f}", *args])
+        code = main(["probe", "--device", "cpu", "--json", "--timeout-per-probe", f"{timeout:.0f}", *args])
     if code == 130:  # the CLI turns Ctrl-C into its exit code: here it must stop the test run
         raise KeyboardInterrupt
     assert said.getvalue(), f"autotune probe {' '.join(args)} printed nothing (exit {code})"

@@ -202,7 +202,7 @@ def test_scenario_3_is_clean_on_an_rtx_3090():
 
 
 def test_train_300_rollout_128_drops_samples(capsys):
-    assert main(["check", str(KL_PITFALL), "--gpus", "2", "--memory", "1000", "--cores", "8"]) == 1
+    assert main(["check", str(KL_PITFALL), "--gpus", "2", "--memory-budget", "1000", "--cores", "8"]) == 1
     out = capsys.readouterr().out
     assert "train_batch_size=300 is not a multiple of rollout_batch_size=128" in out
     assert "3×128=384 samples and trains on 300, so 84 (22%) are dropped" in out and "KL" in out
@@ -235,7 +235,7 @@ def test_without_a_card_the_peak_is_a_note_and_gpus_default_to_one():
     exit_code, report = _check(SCENARIO_3, cores=8)
     assert exit_code == 0
     notes = " ".join(n["problem"] for n in report["notes"])
-    assert "assuming 1 GPU" in notes and "pass --gpu NAME or --memory GiB" in notes
+    assert "assuming 1 GPU" in notes and "pass --gpu NAME or --memory-budget GiB" in notes
 
 
 # --- other rules ---------------------------------------------------------------------------------------
@@ -472,7 +472,7 @@ def test_unreadable_input_is_one_line_and_exit_2(tmp_path, capsys):
     typed = _write(tmp_path, BASE.replace("micro_batch_size: 4", 'micro_batch_size: "4"'), "typed.yaml")
     assert "micro_batch_size='4': must be a whole number" in _error(capsys, str(typed))
     assert "unknown GPU 'a100'" in _error(capsys, str(SCENARIO_3), "--gpu", "a100")
-    assert "not allowed with argument" in _error(capsys, str(SCENARIO_3), "--gpu", "h200", "--memory", "80")
+    assert "not allowed with argument" in _error(capsys, str(SCENARIO_3), "--gpu", "h200", "--memory-budget", "80")
 
 
 def test_an_unknown_key_in_a_verl_override_file_is_a_finding(tmp_path):

@@ -119,7 +119,7 @@ def test_check_on_the_tuned_script_gives_the_studys_verdict(verl_run):
     _, summary = verl_run
     tuned = summary["tuned_file"]["written"]
     budget = f"{summary['budget']['gib']:.4f}"
-    done = run_cli("check", tuned, "--memory", budget, "--json")
+    done = run_cli("check", tuned, "--memory-budget", budget, "--json")
     result = json.loads(done.stdout)
     memory = [f for f in result["findings"] if f["check"] == "memory"]
     assert memory and all(f["severity"] == "note" for f in memory), memory  # fits, as the study measured

@@ -48,7 +48,7 @@ NUMBERS = st.one_of(
 NUMERIC_FLAGS = [
     ("probe", "--gpus"),
     ("probe", "--memory-budget"),
-    ("probe", "--timeout"),
+    ("probe", "--timeout-per-probe"),
     ("probe", "--iterations"),
     ("probe", "--warmup"),
     ("probe", "--seed"),
@@ -61,7 +61,7 @@ NUMERIC_FLAGS = [
     ("report", "--confirm-iterations"),
     ("report", "--memory-budget"),
     ("check", "--gpus"),
-    ("check", "--memory"),
+    ("check", "--memory-budget"),
     ("check", "--cores"),
 ]
 REQUIRED = {"report": ["--study", "s"], "check": ["config.yaml"]}

@@ -102,7 +102,7 @@ def test_a_failed_generation_stops_as_a_crash_not_as_ok():
 def test_a_generation_refilled_without_end_is_stopped_and_classified(script, status, kind):
     """A sampler that refills the failed prompts forever (replay_buffer.py:465-467) would run to the probe's
     timeout; the backend stops it a few seconds after verl's first report of the failure."""
-    code, result = probe("--timeout", "120", script=script)
+    code, result = probe("--timeout-per-probe", "120", script=script)
     assert code == 1 and (result["status"], result["oom_kind"]) == (status, kind), result
     assert result["wall_seconds"] < 60 and result["environment"]["stopped"] == "a generation failed"
     if kind:

@@ -27,6 +27,7 @@ __all__ = [
     "SECONDS",
     "SEED",
     "WARMUP",
+    "add_alias",
     "add_cluster_arguments",
     "add_command",
     "add_device_arguments",
@@ -47,6 +48,11 @@ SECONDS = argument(parse_float, maximum=MAX_SECONDS)  # timeouts
 SEED = argument(parse_int, minimum=0, maximum=2**32 - 1)  # numpy and torch take 32-bit seeds
 WARMUP = argument(parse_int, minimum=0, maximum=1000)
 ROUNDS = argument(parse_int, minimum=0, maximum=20)  # back-to-back rounds: each costs a probe per config
+
+
+def add_alias(parser: Any, old: str, dest: str, kind: Any = None) -> None:
+    """A flag's former name, kept working for a release and hidden from --help (one name per idea)."""
+    parser.add_argument(old, dest=dest, type=kind, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, override: bool = False) -> None:
@@ -91,7 +97,8 @@ def add_device_arguments(parser: argparse.ArgumentParser, override: bool = False
         default="auto",
         help="auto: cuda when a GPU is visible, else cpu",
     )
-    parser.add_argument(
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument(
         "--memory-budget",
         type=GIB,
         metavar="GIB",
@@ -99,6 +106,22 @@ def add_device_arguments(parser: argparse.ArgumentParser, override: bool = False
         "smaller card (a real OOM); on CPU a rank stops where its peak RSS passes it (an emulated OOM)"
         + ("; default: the space's, else the device's memory" if override else ""),
     )
+    budget.add_argument(
+        "--gpu",
+        metavar="CARD",
+        action=CardBudget,
+        help="the card to budget for (a100-40g, a100-80g, h100-80g, h200, rtx3090, ...): its memory "
+        "becomes --memory-budget, as `autotune check --gpu` judges against it",
+    )
+
+
+class CardBudget(argparse.Action):
+    """--gpu CARD: the card's memory as --memory-budget (an unknown card is one line listing the known)."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        from autotune.memory.gpus import gpu_memory_gib
+
+        namespace.memory_budget = gpu_memory_gib(str(value))
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, engine: bool = True) -> None:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from autotune.commands.arguments import COUNT, GIB, RANKS, add_command, options_from
+from autotune.commands.arguments import COUNT, GIB, RANKS, add_alias, add_command, options_from
 from autotune.probe.verl.install import VERL_VERSION
 
 __all__ = ["add_parser", "run"]
@@ -46,7 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--gpus", type=RANKS, help="GPUs of the job (default: the config's, else 1)")
     card = parser.add_mutually_exclusive_group()
     card.add_argument("--gpu", help="the card: a100-40g, a100-80g, h100-80g, h200, rtx3090, l40s, ...")
-    card.add_argument("--memory", type=GIB, metavar="GIB", help="memory per GPU in GiB")
+    card.add_argument("--memory-budget", type=GIB, metavar="GIB", help="memory per GPU in GiB")
+    add_alias(card, "--memory", "memory_budget", GIB)
     parser.add_argument("--data", type=Path, help="a dataset to check the lengths against (as `lengths`)")
     parser.add_argument("--model", help="registry name or local directory (default: from the config)")
     parser.add_argument("--cores", type=COUNT, help="physical cores of the training machine")
@@ -88,5 +89,5 @@ def run(args: argparse.Namespace) -> int:
     def say(line: str) -> None:  # progress goes to stderr: --json keeps stdout to the JSON object
         print(line, file=sys.stderr, flush=True)
 
-    options = options_from(args, CheckOptions, path=args.config, memory_gib=args.memory, say=say)
+    options = options_from(args, CheckOptions, path=args.config, memory_gib=args.memory_budget, say=say)
     return run(options, as_json=args.json)

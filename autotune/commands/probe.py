@@ -12,6 +12,7 @@ from autotune.commands.arguments import (
     SECONDS,
     SEED,
     WARMUP,
+    add_alias,
     add_cluster_arguments,
     add_command,
     add_device_arguments,
@@ -55,12 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--warmup", type=WARMUP, default=1, help="warm-up iterations, not measured (default 1)"
     )
     parser.add_argument(
-        "--timeout",
+        "--timeout-per-probe",
         type=SECONDS,
         default=600.0,
         metavar="S",
         help="wall-clock limit in seconds (default 600); the whole process group is killed after it",
     )
+    add_alias(parser, "--timeout", "timeout_per_probe", SECONDS)
     parser.add_argument(
         "--seed", type=SEED, default=0, help="seed of the probe's sampling and prompts (default 0)"
     )
@@ -117,7 +119,7 @@ def _probe(args: argparse.Namespace, cluster) -> int:
         placement_timeout=args.placement_timeout,
         warmup_iterations=args.warmup,
         iterations=args.iterations,
-        timeout_seconds=args.timeout,
+        timeout_seconds=args.timeout_per_probe,
         memory_budget_gib=args.memory_budget,
         seed=args.seed,
         trust_remote_code=args.trust_remote_code,

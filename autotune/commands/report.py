@@ -53,6 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="where --confirm re-probes: auto (default) is cuda when a GPU is visible, else cpu",
     )
     add_engine_arguments(parser, engine=False)
+    parser.add_argument(
+        "--json", action="store_true", help="print summary.json (the pick, its figures, the gain) alone"
+    )
     parser.set_defaults(handler=run)
 
 

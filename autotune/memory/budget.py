@@ -19,7 +19,7 @@ __all__ = ["Budget"]
 class Budget:
     bytes: int
     headroom: float = DEFAULT_HEADROOM
-    name: str = "the study's budget"  # or the card: "a100-40g", "--memory"
+    name: str = "the study's budget"  # or the card: "a100-40g", "--memory-budget"
 
     @property
     def limit(self) -> float:

@@ -55,4 +55,4 @@ def gpu_memory_gib(name: str) -> float:
         return GPUS[key][0]
     close = difflib.get_close_matches(key, list(GPUS), n=1)
     guess = f" (did you mean {close[0]!r}?)" if close else ""
-    raise UserError(f"unknown GPU {name!r}{guess}: use one of {', '.join(GPUS)}, or --memory GiB")
+    raise UserError(f"unknown GPU {name!r}{guess}: use one of {', '.join(GPUS)}, or --memory-budget GiB")

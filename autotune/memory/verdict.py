@@ -135,7 +135,7 @@ def _measured_verdict(
     )
     info.update(decided_by="measurement", measured_peak_gib=round(peak / GIB, 3), fits=None, verdict=None)
     if measured.budget_bytes is None:
-        note = f"{said}, no budget recorded: pass --gpu NAME or --memory GiB to judge a card; {beside}"
+        note = f"{said}, no budget recorded: pass --gpu NAME or --memory-budget GiB to judge a card; {beside}"
         return [Finding("memory", note, severity="note")], info
     card = Budget(int(measured.budget_bytes), measured.headroom)
     verdict = _verdict(peak, card)
@@ -186,7 +186,7 @@ def _predicted_verdict(
         )
     on = f" on {info['lengths_used']}" if model.lengths.on_data else " at the limits"
     if card is None:
-        note = f"{said}{on}: {text}; pass --gpu NAME or --memory GiB to compare it with the card"
+        note = f"{said}{on}: {text}; pass --gpu NAME or --memory-budget GiB to compare it with the card"
         return [Finding("memory", note, severity="note")], info
     rollout = rollout_phase(target, card.bytes, _resident(estimate))
     step_peak = max(estimate.peak, rollout.peak if rollout else 0)

@@ -17,7 +17,7 @@ from autotune.probe.launcher import run_probe
 from autotune.report import gain
 from autotune.report.lines import side_line
 from autotune.report.selection import select
-from autotune.report.write import study_plan, write_report
+from autotune.report.write import SUMMARY_FILE, study_plan, write_report
 from autotune.status import Attr, StudyAttr
 from autotune.study.storage import default_storage_url
 from autotune.study.trials import check_study_name, open_study
@@ -37,6 +37,7 @@ class ReportOptions:
     device: str = "auto"
     verl_python: str | None = None  # --confirm of a study probed with --engine verl
     trl_python: str | None = None  # --confirm of a study probed with --engine trl
+    json: bool = False  # print summary.json alone on stdout
 
 
 def load_existing_study(storage: str, name: str) -> optuna.Study:
@@ -126,8 +127,13 @@ def report_study(options: ReportOptions, console: Console | None = None) -> int:
         budget = Budget(int(options.memory_budget_gib * GIB), budget.headroom if budget else DEFAULT_HEADROOM)
     if budget is None:
         raise UserError(f"study {options.study!r} stores no memory budget: pass --memory-budget GIB")
+    if options.json:  # stdout carries the summary alone
+        console = Console(stderr=True)
     excluded = confirm_winner(study, budget, options, console) if options.confirm else []
-    result = write_report(study, options.out / options.study, budget, exclude=excluded)
+    out_dir = options.out / options.study
+    result = write_report(study, out_dir, budget, exclude=excluded)
     for line in result.messages:
         console.print(line, markup=False, highlight=False, soft_wrap=True)  # a launch line stays whole
+    if options.json:
+        print((out_dir / SUMMARY_FILE).read_text(), end="")
     return result.exit_code
