@@ -22,10 +22,10 @@ article's advice: exit 0) or a note (context). The findings:
 - memory, judged as the study judges it: peak <= budget × (1 − headroom) fits, above the card is a problem,
   between them a warning. A best_config.yaml with a `measured:` block is judged by its measured peak against
   the budget and headroom recorded there, the memory model's prediction shown beside it as information. Asked
-  about a card (--gpu, --memory-budget) or another GPU count, the study's memory model decides (`MemoryModel`, built
-  as `run.prepare` builds it: the device's priors; calibrated on the file's measurement when that was taken
-  on CUDA), with the states held as the config holds them (`autotune.memory.sharded`; HF generate, not vLLM;
-  for a verl file without the generate phase, since verl's rollout is vLLM's pool),
+  about a card (--gpu, --memory-budget) or another GPU count, the study's memory model decides (`MemoryModel`,
+  built as `run.prepare` builds it: the device's priors; calibrated on the file's measurement when that was
+  taken on CUDA), with the states held as the config holds them (`autotune.memory.sharded`; HF generate, not
+  vLLM; for a verl file without the generate phase, since verl's rollout is vLLM's pool),
   the measurement shown for reference; first aid when it does not fit (`autotune.memory.advice`: a switch
   that fits alone, gradient checkpointing or sharding, before the article's steps and shorter lengths).
 """

@@ -336,3 +336,18 @@ def test_the_status_line_reads_the_study_only_when_it_may_have_changed(monkeypat
     assert not loop._line_due(terminal, view, read_at=now[0])
     now[0] += loop.STATUS_LINE_SECONDS
     assert loop._line_due(terminal, view, read_at=100.0)
+
+
+def test_the_live_line_keeps_the_trial_count_and_elapsed_time_at_80_columns():
+    """The status wraps under itself; `3/12` and the elapsed time are never cut at 80 columns."""
+    from rich.progress import Progress
+
+    from autotune.run.loop import progress_columns
+
+    console = Console(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
+    status = "timeout=1 running=1 | no feasible trial yet | probing #0 R16 m2 g4 lm2 w1 ckpt for 130 s"
+    status += " | ETA 0:04:10"
+    with Progress(*progress_columns(), console=console, expand=True) as progress:
+        progress.add_task(status, total=12, completed=3)
+    shown = console.file.getvalue().split("\r")[-1]
+    assert "3/12 0:00:00" in shown and "ETA 0:04:10" in shown and "…" not in shown

@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Column
 
 from autotune.config.knobs import usable_cores
 from autotune.probe.contract import ProbeResult, ProbeSettings
@@ -253,6 +261,19 @@ class SlotLoop:
             self.halt(f"error in {slot.describe()}", exc)
 
 
+def progress_columns() -> list[ProgressColumn]:
+    """The live line: `trials ━━━  3/12 0:04:10` keeps its width on any terminal; the status after it wraps
+    under itself rather than squeezing the count and the elapsed time out at 80 columns."""
+    status = TextColumn("{task.description}", table_column=Column(ratio=1, no_wrap=False, overflow="fold"))
+    return [
+        TextColumn("[bold]trials"),
+        BarColumn(bar_width=16),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        status,
+    ]
+
+
 def tune(
     tuner: Tuner,
     trials: int,
@@ -267,12 +288,9 @@ def tune(
     with (
         StopControl(console) as control,
         Progress(
-            TextColumn("[bold]trials"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.description}"),
+            *progress_columns(),
             console=console,
+            expand=True,
             transient=False,
             disable=not console.is_terminal,  # in a file or a pipe the trial lines say it all, unclipped
         ) as progress,
