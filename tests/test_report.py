@@ -124,8 +124,13 @@ def test_best_config_has_the_seeds_schema_and_the_chosen_trials_figures(written)
         use_lora=data["actor_model_config"]["use_lora"],
     )
     assert config_findings(config, data["measured"]["gpus"], cores=64) == []
-    # the trial's configuration, with verl's 8 dataloader workers (the built-in probe does not measure them)
+    # the trial's configuration, with verl's 8 dataloader workers (the built-in probe does not measure them),
+    # and the file says so where a reader meets the difference
     assert config.to_dict() == {**trial.user_attrs["config"], "num_rollout_workers": 8}
+    probed = trial.user_attrs["config"]["num_rollout_workers"]
+    header = (out / "best_config.yaml").read_text().split("\nrollout_batch_size")[0]
+    said = f"# num_rollout_workers: 8 is verl's default, not the {probed} the probes ran"
+    assert probed == 8 or said in header
     assert data["actor_model_config"] == {
         "model_name_or_path": "meta-llama/Llama-2-7b-hf",
         "use_lora": False,

@@ -304,9 +304,21 @@ def best_config_yaml(report: ReportData) -> str:
         f"# autotune: the recommended configuration of study {report.study_name} (trial "
         f"#{data['measured']['trial_number']}), measured by a real {data['algorithm'].upper()} "
         f"iteration.\n# Sizes count samples (responses) over all {plan.gpus} GPU(s); micro sizes are per "
-        f"GPU. {_same_config(plan.target)}\n{reward}"
+        f"GPU. {_same_config(plan.target)}\n{reward}{_workers_note(report)}"
     )
     return seed_yaml(data, header)
+
+
+def _workers_note(report: ReportData) -> str:
+    """Where best_config.yaml's worker count is not the one the probes ran: why (a header line)."""
+    chosen, written = report.selection.chosen, (report.best_config or {}).get("num_rollout_workers")
+    probed = trial_config(chosen) if chosen is not None else None
+    if probed is None or written is None or written == probed.num_rollout_workers:
+        return ""
+    return (
+        f"# num_rollout_workers: {written} is verl's default, not the {probed.num_rollout_workers} the "
+        "probes ran: workers suit the training node's cores, not the probing machine's.\n"
+    )
 
 
 def _same_config(target: str) -> str:

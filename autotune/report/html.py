@@ -80,8 +80,8 @@ h1 { font-size: 1.4em; margin: .3em 0; } h3 { margin: .4em 0; }
 .copy pre { margin: .3em 0; font-size: .85em; } pre.launch { white-space: pre-wrap; word-break: break-all; }
 .gain { margin: .2em 0; } .warn { color: #8a5300; background: #fff8e1; padding: .3em .6em; }
 h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 1.2em; font-size: 1.2em; }
-table { border-collapse: collapse; margin: .8em 0; font-size: .92em; }
-th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: left; }
+table { border-collapse: collapse; margin: .8em 0; font-size: .92em; max-width: 100%; }
+th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: left; overflow-wrap: anywhere; }
 th { background: #f3f3f3; } tr.chosen td { background: #fff3cd; font-weight: 600; }
 .meta { color: #555; } .verdict { font-size: 1.15em; } .bad { color: #b00020; font-weight: 600; }
 pre { background: #f6f8fa; padding: .8em; overflow-x: auto; }
