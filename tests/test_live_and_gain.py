@@ -351,3 +351,42 @@ def test_the_live_line_keeps_the_trial_count_and_elapsed_time_at_80_columns():
         progress.add_task(status, total=12, completed=3)
     shown = console.file.getvalue().split("\r")[-1]
     assert "3/12 0:00:00" in shown and "ETA 0:04:10" in shown and "…" not in shown
+
+
+def test_the_live_line_says_when_other_work_holds_the_cores(monkeypatch):
+    from autotune.probe.conditions import busy_now
+
+    monkeypatch.setattr(conditions, "load_average", lambda: 8.5)
+    said = busy_now(probing=True, cores=2)
+    assert said == "other work: load 8.5 on 2 cores, probes run slower (see --timeout-per-probe)"
+    monkeypatch.setattr(conditions, "load_average", lambda: 2.4)  # the probe's own two cores, and a little
+    assert busy_now(probing=True, cores=2) == "" and busy_now(probing=False, cores=2) != ""
+
+
+def test_a_timeout_under_load_says_the_limit_that_may_fit():
+    """Timed out at 300 s with the load at 8.5 on 2 cores: its share of the cores was about 2/8.5, so it may
+    need about 300 × 8.5 / 2 = 1275 s, said as --timeout-per-probe 1300."""
+    study = new_study()
+    busy = {"other_cores": None, "cores": 2, "load_1m_start": 7.0, "load_1m_end": 8.5}
+    result = {
+        **result_attrs(knobs(), 0.0, 0, "timeout"),
+        "wall_seconds": 300.0,
+        "environment": {"load": busy},
+    }
+    trial = record(study, "timeout", knobs(), result=result)
+    line = trial_line(trial)
+    assert "[the load average reached 8.5 on 2 cores" in line
+    assert "(at that load it may need --timeout-per-probe 1300)" in line
+
+
+def test_a_probe_slowed_by_other_work_is_ringed_in_the_pareto_plot():
+    from autotune.report.data import build_report
+    from autotune.report.html import pareto_figure
+
+    study = new_study()
+    slowed = {**result_attrs(knobs(), 10.0, int(0.5 * GIB)), "environment": BUSY}
+    record(study, "ok", knobs(), 10.0, 0.5, result=slowed)
+    record(study, "ok", knobs(micro_batch_size=4, gradient_accumulation_steps=2), 30.0, 0.6)
+    figure = pareto_figure(build_report(study, BUDGET, StudyPlan(model="tiny-llama")))
+    labels = [c.get_label() for c in figure.axes[0].collections]
+    assert "slowed by other work (samples/s understated)" in labels

@@ -14,6 +14,7 @@ A probe's samples/sec is only comparable with another's when both had the machin
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from autotune.units import GIB
 
 __all__ = [
     "CpuWindow",
+    "busy_now",
     "disturbance",
     "gpu_others",
     "load_average",
@@ -230,6 +232,30 @@ def worst_disturbance(environments: list[dict[str, Any]]) -> str:
     gpus = [gpu for load in loads for gpu in load.get("gpus") or []]
     worst = {**busiest, "gpus": sorted(gpus, key=lambda gpu: -gpu["used_bytes"])[:1]}
     return disturbance({"load": worst}).replace(" kept ", " kept up to ").replace(" had ", " had up to ")
+
+
+def busy_now(probing: bool, cores: int | None = None) -> str:
+    """Other work on the machine right now, from the load average beside the probes (which keep at most
+    every core busy while one runs): '' when it is not enough to slow them."""
+    cores = cores or len(os.sched_getaffinity(0))
+    load = load_average()
+    if load is None:
+        return ""
+    other = load - (cores if probing else 0)
+    if other < max(1.0, OTHER_CORES_SHARE * cores):
+        return ""
+    return f"other work: load {load:.1f} on {cores} cores, probes run slower (see --timeout-per-probe)"
+
+
+def timeout_under_load(environment: dict[str, Any], limit: float) -> float | None:
+    """The wall-clock limit a probe that timed out at `limit` s may need at the load it ran under (its share
+    of the cores shrank in proportion), rounded up to 100 s; None when the load did not slow it."""
+    load = environment.get("load") or {}
+    cores = load.get("cores") or len(os.sched_getaffinity(0))
+    high = _load_beyond_probe(load, cores)
+    if high is None or limit <= 0:
+        return None
+    return float(math.ceil(limit * high / cores / 100) * 100)
 
 
 def _load_beyond_probe(load: dict[str, Any], cores: int) -> float | None:

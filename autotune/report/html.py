@@ -209,6 +209,18 @@ def pareto_figure(report: ReportData) -> Figure:
             zorder=5,
             label=f"chosen: trial #{chosen.number}",
         )
+    slowed = [t for t, _ in report.disturbed if t.values is not None and trial_status(t) == Status.OK]
+    if slowed:  # their samples/s understate their configurations: a ring, not an ordinary point
+        ax.scatter(
+            [min(t.values[1] / GIB, x_max) for t in slowed],
+            [t.values[0] for t in slowed],
+            s=170,
+            facecolors="none",
+            edgecolors="#d62728",
+            linewidths=1.4,
+            zorder=4,
+            label="slowed by other work (samples/s understated)",
+        )
     for gain in report.gains:
         ax.annotate(
             "hand-made",

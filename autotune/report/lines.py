@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from optuna.trial import FrozenTrial
 
 from autotune.config.knobs import ProbeConfig
-from autotune.probe.conditions import disturbance
+from autotune.probe.conditions import disturbance, timeout_under_load
 from autotune.probe.contract import ProbeResult
 from autotune.status import Attr, Status
 from autotune.study.trials import trial_config, trial_environment, trial_status
@@ -118,6 +118,9 @@ def trial_line(trial: FrozenTrial, searched_recipe: Sequence[str] = ()) -> str:
     busy = disturbance(trial_environment(trial))
     if busy:
         parts.append(f"[{busy}]")
+    needed = timeout_under_load(trial_environment(trial), float(result.get("wall_seconds") or 0.0))
+    if status == Status.TIMEOUT and needed:
+        parts.append(f"(at that load it may need --timeout-per-probe {needed:.0f})")
     if status not in (Status.OK,) and result.get("message"):
         parts.append(f"- {str(result['message']).splitlines()[0][:120]}")
     return "  ".join(parts)

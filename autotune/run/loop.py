@@ -25,6 +25,7 @@ from rich.progress import (
 from rich.table import Column
 
 from autotune.config.knobs import usable_cores
+from autotune.probe.conditions import busy_now
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report import gain, pick
 from autotune.report.lines import short_config, side_line, trial_line
@@ -175,6 +176,7 @@ def progress_line(tuner: Tuner, view: LiveView | None = None, finished: list | N
         parts += [
             probing_text(dict(tuner.active), view.searched_recipe),
             view.eta(finished if finished is not None else finished_trials(tuner.study)),
+            busy_now(probing=bool(tuner.active)),
         ]
     return " | ".join(part for part in parts if part)
 
