@@ -15,8 +15,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         sub,
         "report",
         "write the report of a study (finished or still running)",
-        "Select the Pareto-best configuration of a study and write best_config.yaml, "
-        "verl_overrides.txt, trials.csv, report.md and report.html into <out>/<study>/. "
+        "Pick the recommended configuration of a study and write best_config.yaml, "
+        "verl_overrides.txt (or trl_config.yaml), trials.csv, report.md, report.html and summary.json "
+        "into <out>/<study>/. "
         "Exit 0 when a feasible configuration was written, 1 when none is feasible.",
         [
             "autotune report --study my-study",

@@ -141,10 +141,6 @@ def _critic(job: Job) -> bool:
     return job.critic
 
 
-def _reference(job: Job) -> bool:
-    return job.reference
-
-
 def _fixed(job: Job) -> bool:
     return job.fixed_micro
 

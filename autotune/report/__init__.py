@@ -1,4 +1,4 @@
-"""The report: select the Pareto-best trial and write best_config.yaml, verl overrides, tables and plots."""
+"""The report: pick the recommended trial and write best_config.yaml, the trainer's file, tables and plots."""
 
 __all__ = [
     "command",

@@ -58,7 +58,7 @@ def default_storage(out: Path, name: str) -> str:
 def confirm_winner(
     study: optuna.Study, budget: Budget, options: ReportOptions, console: Console
 ) -> list[int]:
-    """Re-probe the Pareto-best with more iterations; a failing winner is excluded, the next one tried."""
+    """Re-probe the recommended trial with more iterations; a failing winner is excluded, the next tried."""
     from autotune.probe.devices import resolve_device
 
     plan = study_plan(study)

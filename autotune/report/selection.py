@@ -1,5 +1,5 @@
 """Which trial the report recommends: the contender with the best mean when the leaders were re-measured
-(autotune.report.pick), else the Pareto-best, from Optuna's feasible Pareto front.
+(autotune.report.pick), else the fastest on Optuna's feasible Pareto front (`pareto_best`).
 
 `study.best_trials` keeps only feasible trials (every constraint <= 0). Among its ok trials within
 budget·(1 − headroom), the fastest wins; ties go to less memory, then to the original measurement over a
@@ -30,7 +30,7 @@ CLOSEST = 3
 @dataclass
 class Selection:
     front: list[FrozenTrial]  # Optuna's feasible Pareto front, fastest first
-    chosen: FrozenTrial | None  # the Pareto-best config, None when nothing is feasible
+    chosen: FrozenTrial | None  # the recommended config, None when nothing is feasible
     closest: list[FrozenTrial] = field(default_factory=list)  # only when nothing is feasible
 
 
@@ -65,8 +65,8 @@ def best_feasible(study: optuna.Study, budget: Budget) -> FrozenTrial | None:
 def recommended(
     study: optuna.Study, front: list[FrozenTrial], budget: Budget, exclude: Set[int] = frozenset()
 ) -> FrozenTrial | None:
-    """The re-measured contender with the best mean, unless a confirmation rejected it; else the
-    Pareto-best."""
+    """The re-measured contender with the best mean, unless a confirmation rejected it; else the fastest
+    feasible trial on the front (`pareto_best`)."""
     settled = pick.choose(study, budget, _trainer_defaults(study))
     if settled is not None and settled.number not in exclude:
         return settled
@@ -80,7 +80,7 @@ def _trainer_defaults(study: optuna.Study) -> dict[str, Any]:
 
 
 def select(study: optuna.Study, budget: Budget, exclude: Iterable[int] = ()) -> Selection:
-    """The feasible Pareto front and the Pareto-best trial.
+    """The feasible Pareto front and the recommended trial.
 
     `exclude`: trial numbers a confirmation probe rejected; their duplicates (same config) go with them.
     """

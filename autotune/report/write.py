@@ -122,7 +122,8 @@ def write_report(
     now: dt.datetime | None = None,
     run: dict[str, Any] | None = None,
 ) -> ReportResult:
-    """Select the Pareto-best trial and write the five report files into `out_dir`.
+    """Pick the recommended trial and write the report files into `out_dir` (FILES: the trainer's file of
+    the two, and the rest).
 
     `plan` (model, reward model, GPUs, budget) defaults to the one stored with the study, and `budget` to the
     plan's. Works on a finished study and on a running one.
