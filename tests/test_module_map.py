@@ -4,7 +4,6 @@ up there finds it, and a module added without a word in the map fails here."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from tests.conftest import REPO
 
