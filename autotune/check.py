@@ -53,7 +53,6 @@ from autotune.config.rules import (
 from autotune.errors import UserError
 from autotune.formats.read import read_target
 from autotune.formats.target import ASSUMED, Measured, Target
-from autotune.formats.trl import TRL_KIND
 from autotune.memory.budget import Budget
 from autotune.memory.gpus import gpu_memory_gib, normalise
 from autotune.memory.model import Architecture
@@ -63,6 +62,7 @@ from autotune.memory.verdict import (
 from autotune.models.names import registry_name
 from autotune.probe.traced import TracedCheck
 from autotune.probe.verl.run_log import job_lengths
+from autotune.trainers.registry import DEFAULT_TRAINER, trainer_of_file
 from autotune.units import GIB, divisors
 
 if TYPE_CHECKING:
@@ -325,7 +325,7 @@ def check(options: CheckOptions) -> CheckResult:
     memory, traced = None, None
     if config is not None:
         findings += _rule_findings(config, gpus, options.cores, verl=target.overrides is not None)
-        if target.overrides is None and target.kind != TRL_KIND:  # neither verl nor TRL has a rollout batch
+        if trainer_of_file(target) is None:  # autotune's own schema: neither verl nor TRL has a rollout batch
             findings += rollout_findings(config, gpus, target.measured)
         findings += reward_findings(target)
         unpriced = _unpriced(findings)
@@ -430,14 +430,14 @@ def _model_checks(
     name = options.model or registry_name(target.model)
     findings: list[Finding] = []
     report = None
-    passes = "trl_fused" if target.kind == TRL_KIND else "verl"  # TRL 1.16 runs a TRL file
+    passes = (trainer_of_file(target) or DEFAULT_TRAINER).file_passes  # TRL 1.16 runs a TRL file
     if options.data is not None:
         from autotune.data.lengths import measure_lengths
 
         report = measure_lengths(options.data, name or "tiny-llama", options.prompt_key, options.response_key)
-        if target.kind == TRL_KIND:  # TRL truncates no prompt: a batch is as long as its longest
+        if passes.padded:  # TRL truncates no prompt: a batch is as long as its longest
             config = _trl_prompts(config, report, target.prompt_known, findings)
-        findings += length_findings(config, report, packed=passes == "verl", prompts=passes == "verl")
+        findings += length_findings(config, report, packed=passes.packed, prompts=passes.packed)
     lengths, said = job_lengths(report, options.verl_log)  # the verdict's: the data's, a verl log's
     findings += [Finding("lengths", line, severity="note") for line in said]
     if name is None:

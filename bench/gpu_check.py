@@ -334,7 +334,7 @@ def probe(
     timeout: float | None = None,
 ) -> dict[str, Any]:
     from autotune.config.knobs import ProbeConfig
-    from autotune.probe.launcher import run_probe
+    from autotune.trainers.registry import run_probe
 
     result = run_probe(ProbeConfig(**fields), settings(check, budget_gib, model, ranks, timeout)).to_dict()
     result["stderr_tail"] = result.get("stderr_tail", "")[-1500:]

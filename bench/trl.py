@@ -338,8 +338,8 @@ def break_even(search_minutes: float, failed_minutes: float, ratio: float) -> fl
 
 
 def fidelity(args: argparse.Namespace, log: Log) -> dict[str, Any]:
-    from autotune.probe.launcher import run_probe
     from autotune.space.model import load_space
+    from autotune.trainers.registry import run_probe
 
     space = load_space(args.space)
     configs = space.grid()

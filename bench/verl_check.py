@@ -159,7 +159,7 @@ class Check:
 
     def engines(self) -> dict[str, Any]:
         from autotune.config.knobs import ProbeConfig
-        from autotune.probe.launcher import run_probe
+        from autotune.trainers.registry import run_probe
 
         configs = CPU_CONFIGS if self.dry else GPU_CONFIGS
         found: dict[str, Any] = {}
@@ -190,7 +190,7 @@ class Check:
 
     def oom(self) -> dict[str, Any]:
         from autotune.config.knobs import ProbeConfig
-        from autotune.probe.launcher import run_probe
+        from autotune.trainers.registry import run_probe
 
         result = run_probe(ProbeConfig(**(CPU_OOM if self.dry else OOM_CONFIG)), self.settings("verl", 300))
         self.summary["checks"]["oom"] = result.status == "oom"

@@ -71,6 +71,7 @@ LAYERS = (
     ("data", "formats"),  # datasets' lengths; the file formats a config is read from and written to
     ("memory",),  # the memory model, budgets and the verdict on a config
     ("space", "probe"),  # propose: the space every sample is valid in; measure: the probe
+    ("trainers",),  # each trainer's files, defaults, export checks and probe engine, behind one interface
     ("study",),  # record: the Optuna study, trials, outcomes, outages
     ("search", "report"),  # propose and decide (sampler, surrogate, policy); report (pick, gain, files)
     ("run",),  # the loop that drives them: `autotune run` and `autotune worker`

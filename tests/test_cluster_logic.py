@@ -90,8 +90,14 @@ def test_without_ray_the_flag_says_how_to_install_it(monkeypatch, capsys):
 
 
 def test_several_nodes_cannot_export_for_trl():
+    from autotune.trainers.registry import check_cluster_use, engine_named, trainer_named
+
+    builtin = engine_named("builtin")
     with pytest.raises(UserError, match="the TRL export is for one machine"):
-        check_flags("auto", 2, target="trl")
+        check_cluster_use("auto", 2, builtin, trainer_named("trl"))
+    with pytest.raises(UserError, match="--ray with --engine trl: TRL's probes run on this machine only"):
+        check_cluster_use("auto", 1, engine_named("trl"), trainer_named("trl"))
+    check_cluster_use("auto", 2, builtin, trainer_named("verl"))
     check_flags(None, 1)
     check_flags("auto", 2)
 

@@ -150,7 +150,7 @@ def test_call_is_for_launch_scripts(tmp_path):
 
 def test_a_trl_config_makes_a_trl_space_without_verls_knobs(tmp_path):
     job = read_job_file(write(tmp_path, "trl.yaml", TRL))
-    assert job.trainer == "trl"
+    assert job.trainer.name == "trl"
     knobs = job_space(job, RunOptions(), device="cpu").data["knobs"]
     assert (knobs["train_batch_size"], knobs["mini_batch_size"]) == (16, 8)
     assert "use_dynamic_bsz" not in knobs and "log_prob_micro_batch_size" not in knobs

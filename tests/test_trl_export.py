@@ -269,8 +269,8 @@ def test_a_trl_space_with_verls_dynamic_batch_size_is_one_line():
     """TRL pads fixed micro batches: a token budget in a TRL study would be searched and never exported."""
     import copy
 
-    from autotune.run.prepare import check_trl_space
     from autotune.space.model import load_space, space_from_dict
+    from autotune.trainers.trl.space_check import check_trl_space
 
     space = load_space("trl-cpu-tiny")
     raw = copy.deepcopy(dict(space.raw))
@@ -326,22 +326,23 @@ def test_trls_vllm_fields_read_back_as_the_share(tmp_path, fields, share):
 
 
 def test_vllm_is_refused_for_trl_on_cpu_and_its_other_knobs_for_trl_anywhere():
-    from autotune.config.rules import engine_findings
+    from autotune.trainers.registry import engine_named
 
+    trl, builtin = engine_named("trl"), engine_named("builtin")
     share = dataclasses.replace(BASE, gpu_memory_utilization=0.4)
-    assert engine_findings(share, "trl", "cuda") == [] and engine_findings(share, "trl") == []
-    assert [f.key for f in engine_findings(share, "trl", "cpu")] == ["gpu_memory_utilization"]
-    assert [f.key for f in engine_findings(share, "builtin", "cuda")] == ["gpu_memory_utilization"]
+    assert trl.knob_findings(share, "cuda") == [] and trl.knob_findings(share) == []
+    assert [f.key for f in trl.knob_findings(share, "cpu")] == ["gpu_memory_utilization"]
+    assert [f.key for f in builtin.knob_findings(share, "cuda")] == ["gpu_memory_utilization"]
     seqs = dataclasses.replace(BASE, max_num_seqs=64)
-    assert [f.key for f in engine_findings(seqs, "trl", "cuda")] == ["max_num_seqs"]
+    assert [f.key for f in trl.knob_findings(seqs, "cuda")] == ["max_num_seqs"]
 
 
 def test_a_trl_space_may_tune_the_generation_batch_and_each_is_exported_as_trl_reads_it(tmp_path):
     """generation_batch_size is the train batch, part of the recipe: searched only when `tune:` names it."""
     import copy
 
-    from autotune.run.prepare import check_trl_space
     from autotune.space.model import load_space, space_from_dict
+    from autotune.trainers.trl.space_check import check_trl_space
 
     space = load_space("trl-cpu-budget")
     raw = copy.deepcopy(dict(space.raw))

@@ -11,17 +11,17 @@ import optuna
 import pytest
 
 from autotune.config.knobs import VERL_KNOBS, ProbeConfig, parse_sets
-from autotune.config.rules import config_findings, engine_findings
+from autotune.config.rules import config_findings
 from autotune.errors import UserError
 from autotune.formats.read import read_target
 from autotune.formats.rollout import rollout_engine
 from autotune.formats.seed_yaml import seed_document, seed_yaml
 from autotune.formats.verl import AR, format_overrides, verl_overrides, verl_rule_violations
 from autotune.memory.model import Architecture, MemoryModel
-from autotune.run.prepare import check_engine_knobs
 from autotune.search.policy import calibrated
 from autotune.space.model import at_least_as_large, config_to_params, sample_config, space_from_dict
 from autotune.space.specs import SpaceError
+from autotune.trainers.registry import engine_named
 from autotune.units import GIB
 from tests.conftest import TINY_GRID
 
@@ -227,13 +227,14 @@ def test_a_space_with_a_broken_verl_knob_is_refused_in_one_line(knobs, says):
 
 
 def test_the_builtin_engine_refuses_verl_knobs_in_one_line():
-    check_engine_knobs(space(), "builtin")  # no verl knob: nothing to say
-    check_engine_knobs(space(**VERL_SPACE_KNOBS), "verl")
+    builtin, verl = engine_named("builtin"), engine_named("verl")
+    builtin.check_space_knobs(space())  # no verl knob: nothing to say
+    verl.check_space_knobs(space(**VERL_SPACE_KNOBS))
     with pytest.raises(UserError) as caught:
-        check_engine_knobs(space(max_num_seqs=64), "builtin")
+        builtin.check_space_knobs(space(max_num_seqs=64))
     assert "max_num_seqs" in str(caught.value) and "--engine verl" in str(caught.value)
     assert "\n" not in str(caught.value)
-    assert engine_findings(KNOBS, "builtin") and engine_findings(KNOBS, "verl") == []
+    assert builtin.knob_findings(KNOBS) and verl.knob_findings(KNOBS) == []
 
 
 def model(card: float | None) -> MemoryModel:
@@ -423,7 +424,7 @@ def test_the_report_tables_show_verls_knobs_in_a_column_of_their_own_when_set():
     from optuna.distributions import IntDistribution
     from optuna.trial import TrialState, create_trial
 
-    from autotune.report.tables import KNOB_COLUMNS, knob_cells, knob_columns, legend_line
+    from autotune.report.tables import KNOB_COLUMNS, TRAINER_KNOBS, knob_cells, knob_columns, legend_line
     from autotune.status import Attr
 
     def report_of(*configs: ProbeConfig):
@@ -443,6 +444,6 @@ def test_the_report_tables_show_verls_knobs_in_a_column_of_their_own_when_set():
     assert knob_columns(builtin) == KNOB_COLUMNS and "verl:" not in legend_line(builtin)
     verl = report_of(BASE, KNOBS)
     columns = knob_columns(verl)
-    assert columns[-1] == ("verl", "verl") and "verl:" in legend_line(verl)
+    assert columns[-1] == ("verl", TRAINER_KNOBS) and "verl:" in legend_line(verl)
     assert knob_cells(verl.trials[0], columns)[-1] == "-"
     assert knob_cells(verl.trials[1], columns)[-1] == "gmu0.45 tp2 seqs128 dyn1024"

@@ -74,34 +74,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autotune.probe.cluster.connect import check_flags, on_cluster
+    from autotune.trainers.registry import DEFAULT_TRAINER, check_cluster_use, engine_named
 
-    check_flags(args.ray, args.nodes, args.engine)
+    check_flags(args.ray, args.nodes)
+    check_cluster_use(args.ray, args.nodes, engine_named(args.engine), DEFAULT_TRAINER)
     with on_cluster(args.ray) as cluster:
         return _probe(args, cluster)
 
 
 def _probe(args: argparse.Namespace, cluster) -> int:
     from autotune.config.knobs import ProbeConfig, parse_sets, resolve_mini_batch
-    from autotune.config.rules import (
-        config_findings,
-        engine_findings,
-        model_findings,
-        offload_findings,
-        raise_for,
-    )
-    from autotune.formats.trl import trl_findings
+    from autotune.config.rules import config_findings, model_findings, offload_findings, raise_for
     from autotune.models.registry import resolve_model, resolve_reward_model
     from autotune.probe.contract import ProbeSettings
-    from autotune.probe.engines import check_engine_environment
-    from autotune.probe.launcher import run_probe
     from autotune.report.console import print_probe_result, probing
     from autotune.status import Status
+    from autotune.trainers.registry import engine_named, run_probe
 
     ranks = args.nodes * args.gpus  # --gpus on each node
     config = ProbeConfig(**resolve_mini_batch(parse_sets(args.sets), ranks))
-    raise_for(config_findings(config, ranks) + engine_findings(config, args.engine))  # before the model
+    engine = engine_named(args.engine)
+    raise_for(config_findings(config, ranks) + engine.knob_findings(config))  # before the model
     device = _device(args, cluster)
-    raise_for(offload_findings(config, device) + engine_findings(config, args.engine, device))
+    raise_for(offload_findings(config, device) + engine.knob_findings(config, device))
     spec = resolve_model(args.model, args.weights, args.trust_remote_code)
     resolve_reward_model(args.reward_model)
     raise_for(model_findings(config, spec))
@@ -124,9 +119,9 @@ def _probe(args: argparse.Namespace, cluster) -> int:
         seed=args.seed,
         trust_remote_code=args.trust_remote_code,
     )
-    if args.engine == "trl":
-        raise_for(trl_findings(config, ranks))  # what TRL's GRPOConfig would refuse, before TRL starts
-    check_engine_environment(settings)  # verl's or TRL's environment: one line and exit 2 when it cannot run
+    if engine.trainer is not None:  # what the trainer's own config would refuse, before it starts
+        raise_for(engine.trainer.config_findings(config, ranks))
+    engine.check_environment(settings)  # verl's or TRL's environment: one line and exit 2 when it cannot run
     with probing(config, settings):
         result = run_probe(config, settings)
     if args.json:

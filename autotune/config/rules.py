@@ -50,14 +50,15 @@ from autotune.units import divisors, round_up
 __all__ = [
     "POSITIVE_KNOBS",
     "Finding",
+    "builtin_vllm_findings",
     "config_findings",
-    "engine_findings",
     "head_findings",
     "make_config",
     "model_findings",
     "position_findings",
     "problems",
     "raise_for",
+    "trl_vllm_findings",
     "value_findings",
     "verl_knob_findings",
     "worker_findings",
@@ -320,15 +321,13 @@ def _budget_findings(c: ProbeConfig) -> list[Finding]:
     return found
 
 
-def engine_findings(c: ProbeConfig, engine: str, device: str | None = None) -> list[Finding]:
+def builtin_vllm_findings(c: ProbeConfig) -> list[Finding]:
     """vLLM's knobs are measured by the trainer that runs vLLM: verl (its pool), or TRL (vLLM colocated in
-    each training process: its share only, on CUDA; `device` None: not known yet). The built-in probe has
-    no vLLM pool and no tensor-parallel rollout. Dynamic batch size and its budgets it packs as verl does."""
-    if engine == "verl" or not c.uses_vllm_knobs:
+    each training process: its share only, on CUDA). The built-in probe has no vLLM pool and no
+    tensor-parallel rollout. Dynamic batch size and its budgets it packs as verl does."""
+    if not c.uses_vllm_knobs:
         return []
     named = [name for name in VLLM_KNOBS if getattr(c, name) is not None]
-    if engine == "trl":
-        return _trl_vllm_findings(c, named, device)
     problem = (
         f"{', '.join(named)}: vLLM's knobs, measured only with --engine verl or, for the share, --engine trl "
         f"on CUDA (the built-in probe has no vLLM pool or tensor-parallel rollout)"
@@ -336,9 +335,12 @@ def engine_findings(c: ProbeConfig, engine: str, device: str | None = None) -> l
     return [Finding("verl", problem, "--engine verl, or leave them out", key=named[0])]
 
 
-def _trl_vllm_findings(c: ProbeConfig, named: list[str], device: str | None) -> list[Finding]:
+def trl_vllm_findings(c: ProbeConfig, device: str | None = None) -> list[Finding]:
     """TRL colocates vLLM with a share of the card (vllm_gpu_memory_utilization); the rest autotune does not
-    search for TRL, and vLLM needs CUDA."""
+    search for TRL, and vLLM needs CUDA (`device` None: not known yet)."""
+    if not c.uses_vllm_knobs:
+        return []
+    named = [name for name in VLLM_KNOBS if getattr(c, name) is not None]
     others = [name for name in named if name != "gpu_memory_utilization"]
     if others:
         problem = f"{', '.join(others)}: not searched for TRL (it sets vLLM's sequences itself)"

@@ -19,6 +19,7 @@ __all__ = [
     "verl",
     "verl_config_file",
     "verl_defaults",
+    "verl_launch",
     "verl_schema",
     "verl_table",
 ]

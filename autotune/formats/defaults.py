@@ -1,6 +1,6 @@
 """The trainer's own default of each system knob the pick weighs, read from the trainer's schema.
 
-    trainer_defaults("trl")
+    trl_defaults()
     # {"micro_batch_size": 8, "gradient_checkpointing": True, "num_rollout_workers": 0}
 
 A value off the trainer's default needs a measured reason (docs/design.md, "The pick"): where the probes
@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-__all__ = ["trainer_defaults"]
+__all__ = ["trl_defaults", "verl_defaults"]
 
 # The knobs the pick weighs, each read where the export writes it (the first key or field of its route)
 TRL_KNOBS = ("micro_batch_size", "gradient_checkpointing", "num_rollout_workers")
@@ -31,20 +31,28 @@ TRL_DEFAULT_FIELD = {"activation_checkpointing": "gradient_checkpointing"}
 
 
 @functools.cache
-def _defaults(target: str) -> tuple[tuple[str, Any], ...]:
-    if target == "trl":
-        from autotune.formats.trl import ROUTE_OF
-        from autotune.formats.trl_read import fields
+def _trl_defaults() -> tuple[tuple[str, Any], ...]:
+    from autotune.formats.trl import ROUTE_OF
+    from autotune.formats.trl_read import fields
 
-        schema = fields()
-        named = {knob: ROUTE_OF[knob].fields[0] for knob in TRL_KNOBS}
-        return tuple((knob, schema[TRL_DEFAULT_FIELD.get(f, f)]["default"]) for knob, f in named.items())
+    schema = fields()
+    named = {knob: ROUTE_OF[knob].fields[0] for knob in TRL_KNOBS}
+    return tuple((knob, schema[TRL_DEFAULT_FIELD.get(f, f)]["default"]) for knob, f in named.items())
+
+
+@functools.cache
+def _verl_defaults() -> tuple[tuple[str, Any], ...]:
     from autotune.formats.verl_schema import export_default
     from autotune.formats.verl_table import route
 
     return tuple((knob, export_default(route(knob).keys[0].name)) for knob in VERL_KNOBS)
 
 
-def trainer_defaults(target: str) -> dict[str, Any]:
-    """The trainer's default value of each knob it has one for ("verl" or "trl")."""
-    return dict(_defaults(target))
+def trl_defaults() -> dict[str, Any]:
+    """TRL 1.16's default value of each knob it has one for."""
+    return dict(_trl_defaults())
+
+
+def verl_defaults() -> dict[str, Any]:
+    """verl 0.9.1's default value of each knob it has one for."""
+    return dict(_verl_defaults())

@@ -59,6 +59,8 @@ from autotune.formats.verl_table import (
 __all__ = [
     "AR",
     "DEPRECATED_MICRO",
+    "MINI_KEY",
+    "VERL_KIND",
     "VerlOverrides",
     "format_overrides",
     "format_value",
@@ -74,7 +76,9 @@ __all__ = [
 
 # The batch sizes come from the file only: verl's own (1024 prompts, mini batch 256) are its example's, not a
 # job the user wrote; a file without them is read without a configuration (`check` says so).
-FILE_ONLY = ("data.train_batch_size", f"{AR}.actor.ppo_mini_batch_size")
+VERL_KIND = "verl overrides"  # Target.kind of a verl override file or launch script
+MINI_KEY = f"{AR}.actor.ppo_mini_batch_size"  # verl's mini batch, in prompts
+FILE_ONLY = ("data.train_batch_size", MINI_KEY)
 CRITIC_ENGINE_BUDGET = "+critic.ppo_infer_max_token_len_per_gpu"
 BUDGET_KEYS = (  # token budgets per GPU under dynamic batch size (None: verl's default)
     f"{AR}.actor.ppo_max_token_len_per_gpu",
@@ -210,7 +214,7 @@ def read_overrides(
         max_num_seqs=_int_or(values.get(f"{AR}.rollout.max_num_seqs"), None),
     )
     return Target(
-        kind="verl overrides",
+        kind=VERL_KIND,
         config=config,
         model=get(f"{AR}.model.path"),
         reward_model=reward,

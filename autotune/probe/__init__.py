@@ -6,7 +6,6 @@ __all__ = [
     "conditions",
     "contract",
     "devices",
-    "engines",
     "environment",
     "forkserver",
     "launcher",

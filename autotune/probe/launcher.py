@@ -133,23 +133,16 @@ def run_probe(
     program: Path | None = None,
     cancel: threading.Event | None = None,
 ) -> ProbeResult:
-    """Run one probe to completion, timeout or failure, and return its classified result.
+    """Run one built-in probe to completion, timeout or failure, and return its classified result: on this
+    machine's ranks, or as Ray actors on the cluster's nodes (`settings.ray_address`). A trainer's own probe
+    is its engine's (autotune.trainers.run_probe).
 
     Setting `cancel` (a second Ctrl-C) kills the probe at once; the caller records it as interrupted.
     """
-    if settings.engine == "verl":
-        from autotune.probe.verl.backend import run_verl_probe
-
-        return run_verl_probe(config, settings, cancel)
-    if settings.ray_address is not None:  # the ranks as Ray actors, placed on the cluster's nodes
+    if settings.ray_address is not None:
         from autotune.probe.cluster.launcher import run_cluster_probe
 
         return run_cluster_probe(config, settings, program or runner_path(), cancel)
-    if settings.engine == "trl":
-        from autotune.probe.trl import trl_job, trl_python
-
-        program = runner_path("trl_probe.py")
-        return run_ranks(config, settings, program, cancel, trl_python(settings), trl_job(config, settings))
     return run_ranks(config, settings, program or runner_path(), cancel)
 
 

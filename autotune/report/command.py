@@ -13,7 +13,6 @@ from autotune.config.knobs import DEFAULT_HEADROOM
 from autotune.errors import UserError
 from autotune.memory.budget import Budget
 from autotune.probe.contract import ProbeSettings
-from autotune.probe.launcher import run_probe
 from autotune.report import gain
 from autotune.report.lines import side_line
 from autotune.report.selection import select
@@ -21,6 +20,7 @@ from autotune.report.write import SUMMARY_FILE, study_plan, write_report
 from autotune.status import Attr, StudyAttr
 from autotune.study.storage import default_storage_url
 from autotune.study.trials import check_study_name, open_study
+from autotune.trainers.registry import run_probe
 from autotune.units import GIB
 
 __all__ = ["ReportOptions", "confirm_winner", "default_storage", "load_existing_study", "report_study"]
@@ -73,9 +73,9 @@ def confirm_winner(
     settings = dataclasses.replace(
         probed_as, iterations=options.confirm_iterations, memory_budget_gib=budget.bytes / GIB
     )
-    from autotune.probe.engines import check_engine_environment
+    from autotune.trainers.registry import engine_named
 
-    check_engine_environment(settings)
+    engine_named(settings.engine).check_environment(settings)
     excluded: list[int] = []
     while (chosen := select(study, budget, excluded).chosen) is not None:
         rivals = gain.hand_made_rivals(study.get_trials(deepcopy=False), chosen)

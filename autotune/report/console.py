@@ -10,8 +10,8 @@ from rich.table import Table
 
 from autotune.config.knobs import ProbeConfig
 from autotune.probe.contract import ProbeResult, ProbeSettings
-from autotune.probe.trl import Rounds
 from autotune.report.lines import short_config
+from autotune.trainers.registry import engine_named
 from autotune.units import gib
 
 __all__ = ["print_probe_result", "probing"]
@@ -22,11 +22,9 @@ def probing(config: ProbeConfig, settings: ProbeSettings) -> Iterator[None]:
     """Say on stderr what the probe is doing while it runs (a minute of silence reads as a hang); a spinner
     with the elapsed time on a terminal, one line otherwise. stdout stays free for --json."""
     console = Console(stderr=True)
-    peak_round = ""
-    if settings.engine == "trl":  # on CPU its untimed rounds go on past the warm-up to set the peak
-        plan = Rounds(settings.warmup_iterations, settings.iterations, 1, cpu=settings.device != "cuda")
-        extra = plan.untimed - settings.warmup_iterations
-        peak_round = f" and {extra} that set(s) the peak" if extra else ""
+    # TRL's untimed rounds on CPU go on past the warm-up to set the peak
+    extra = engine_named(settings.engine).untimed_rounds(settings) - settings.warmup_iterations
+    peak_round = f" and {extra} that set(s) the peak" if extra else ""
     what = (
         f"probing {short_config(config)} on {settings.device} × {settings.world_size}: start-up, "
         f"{settings.warmup_iterations} warm-up{peak_round} and {settings.iterations} measured iteration(s), "

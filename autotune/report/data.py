@@ -45,6 +45,7 @@ from autotune.study.trials import (
     trial_environment,
     trial_status,
 )
+from autotune.trainers.registry import ProbeEngine, engine_named, trainer_named
 from autotune.units import GIB, gib
 
 __all__ = [
@@ -142,7 +143,7 @@ def build_report(
         config = trial_config_of(chosen)
         figures = gain.headline(study, chosen)
         measured = measured_block(chosen, study.study_name, plan.gpus, budget, created, figures, plan.nodes)
-        if plan.target == "trl":  # TRL's file, and best_config.yaml without verl's blocks
+        if not trainer_named(plan.target).sizes_rollout:  # TRL's file; best_config.yaml without verl's blocks
             device = (chosen.user_attrs.get(Attr.RESULT) or {}).get("device", "cuda")
             model = verl_model_path(plan.model)
             trl_config = trl_config_text(config, plan.gpus, model, device, measured)
@@ -192,7 +193,7 @@ def _verl_export(
     verl = verl_overrides(
         config, plan.gpus, verl_model_path(plan.model), engine, workers=workers, nodes=plan.nodes
     )
-    verl_knobs = exported_knobs(verl.values, engine, plan.settings.get("engine") == "verl")
+    verl_knobs = exported_knobs(verl.values, engine, _probe_engine(plan).runs_rollout)
     figures_block = document.pop("measured")  # kept last, after the verl keys
     document[VERL_EXPORT] = {knob.key: knob.to_dict() for knob in verl_knobs}
     document["measured"] = figures_block
@@ -214,7 +215,7 @@ def engine_for(
     stay on the GPU while vLLM generates (formats/rollout.py), as the probe recorded them, else as the memory
     model prices them, plus the runtime (the memory model's constant). `peak` is kept for callers; the whole
     peak sizes nothing."""
-    if plan.settings.get("engine") == "verl":  # exactly the engine the verl probe ran, sized by no rule
+    if _probe_engine(plan).runs_rollout:  # exactly the engine the verl probe ran, sized by no rule
         engine = rollout_engine(
             config, plan.gpus, plan.rollout_engine, None, None, plan.model_parameters, plan.attention_heads
         )
@@ -232,11 +233,15 @@ def engine_for(
     )
 
 
+def _probe_engine(plan: StudyPlan) -> ProbeEngine:
+    return engine_named(plan.settings.get("engine"))
+
+
 def exported_workers(plan: StudyPlan) -> int | None:
     """The worker count the export writes: None (the configuration's own) where verl measured it (--engine
     verl), else verl's default. The built-in probe's workers fit the probing machine's cores, not the
     training node's, and verl's V1 spreads a step's prompts over its agent-loop workers."""
-    return None if plan.settings.get("engine") == "verl" else VERL_DEFAULT_WORKERS
+    return None if _probe_engine(plan).runs_rollout else VERL_DEFAULT_WORKERS
 
 
 def modelled_resident_bytes(plan: StudyPlan, config: Any, device: str) -> int | None:
@@ -304,7 +309,7 @@ def best_config_yaml(report: ReportData) -> str:
         f"# autotune: the recommended configuration of study {report.study_name} (trial "
         f"#{data['measured']['trial_number']}), measured by a real {data['algorithm'].upper()} "
         f"iteration.\n# Sizes count samples (responses) over all {plan.gpus} GPU(s); micro sizes are per "
-        f"GPU. {_same_config(plan.target)}\n{reward}{_workers_note(report)}"
+        f"GPU. {trainer_named(plan.target).same_config_line()}\n{reward}{_workers_note(report)}"
     )
     return seed_yaml(data, header)
 
@@ -319,12 +324,6 @@ def _workers_note(report: ReportData) -> str:
         f"# num_rollout_workers: {written} is verl's default, not the {probed.num_rollout_workers} the "
         "probes ran: workers suit the training node's cores, not the probing machine's.\n"
     )
-
-
-def _same_config(target: str) -> str:
-    if target == "trl":
-        return "trl_config.yaml has the same config in TRL's GRPOConfig fields."
-    return "verl_overrides.txt has the same config in verl's keys."
 
 
 def config_yaml(report: ReportData) -> str:

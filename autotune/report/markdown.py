@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotune.formats.trl import launch_line as trl_launch_line
 from autotune.report.data import config_yaml
 from autotune.report.tables import (
     VERL_DEFAULTS_LEAD,
@@ -110,7 +109,7 @@ def _recommendation_md(report: ReportData) -> list[str]:
             "The configuration (best_config.yaml without its `measured:` block):\n\n```yaml\n",
             config_yaml(report),
             "```\n\n**Start TRL on it** (replace the `/path/to/` parts and the reward):\n\n```bash\n",
-            trl_launch_line("trl_config.yaml", report.plan.gpus) + "\n",
+            launch_line(report) + "\n",
             "```\n\n**trl_config.yaml:**\n\n```yaml\n",
             report.trl_config,
             "```\n",

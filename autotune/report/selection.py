@@ -15,12 +15,12 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.formats.defaults import trainer_defaults
 from autotune.memory.budget import Budget
 from autotune.report import pick
 from autotune.status import Attr, Status
 from autotune.study.plan import StudyPlan
 from autotune.study.trials import trial_status
+from autotune.trainers.registry import trainer_named
 
 __all__ = ["Selection", "best_feasible", "closest_trials", "ok_front", "pareto_best", "recommended", "select"]
 
@@ -76,7 +76,7 @@ def recommended(
 def _trainer_defaults(study: optuna.Study) -> dict[str, Any]:
     """The defaults of the trainer the study exports for (verl for a study `run` did not start)."""
     plan = StudyPlan.load(study)
-    return trainer_defaults(plan.target if plan else "verl")
+    return trainer_named(plan.target if plan else None).defaults()
 
 
 def select(study: optuna.Study, budget: Budget, exclude: Iterable[int] = ()) -> Selection:

@@ -5,22 +5,22 @@ Each table is `(headers, rows)` of display strings.
 
 from __future__ import annotations
 
-import shlex
 from typing import TYPE_CHECKING
 
 from optuna.trial import FrozenTrial
 
 from autotune.config.knobs import ProbeConfig
+from autotune.config.passes import Passes
 from autotune.formats.rollout import RULES
 from autotune.formats.verl import format_value
 from autotune.formats.verl_table import not_verl_knobs
-from autotune.models.names import verl_model_path
 from autotune.probe.conditions import worst_disturbance
 from autotune.report import pick
 from autotune.report.lines import SHORT_NAMES, VERL_WORDS, verl_short
 from autotune.report.missing_gain import no_gain_line
 from autotune.status import Attr, Status
 from autotune.study.trials import describe_budget, trial_config, trial_environment, trial_status
+from autotune.trainers.registry import engine_named, trainer_named
 from autotune.units import gib
 
 if TYPE_CHECKING:
@@ -80,11 +80,14 @@ def seconds(value: float) -> str:
     return f"{value / 60:.1f} min" if value >= 120 else f"{value:.1f} s"
 
 
+TRAINER_KNOBS = "trainer_knobs"  # the column of verl's own knobs (not a ProbeConfig field)
+
+
 def knob_columns(report: ReportData) -> tuple[tuple[str, str], ...]:
     """The knob columns: a `verl` column too when some trial sets verl's own knobs (--engine verl)."""
     configs = (trial_config(t) for t in report.trials)
     if any(c is not None and verl_short(c) for c in configs):
-        return (*KNOB_COLUMNS, ("verl", "verl"))
+        return (*KNOB_COLUMNS, ("verl", TRAINER_KNOBS))
     return KNOB_COLUMNS
 
 
@@ -96,7 +99,7 @@ def knob_cells(trial: FrozenTrial, columns: tuple[tuple[str, str], ...] = KNOB_C
 
 
 def _cell(config: ProbeConfig, attr: str) -> str:
-    if attr == "verl":
+    if attr == TRAINER_KNOBS:
         return verl_short(config) or "-"
     if attr == "offload":
         return "+".join(short for name, short in OFFLOAD_NAMES if getattr(config, name)) or "off"
@@ -195,7 +198,7 @@ def closest_table(report: ReportData) -> Table:
 
 def trainer_of(report: ReportData) -> str:
     """The trainer the study exports for, as lines name it."""
-    return "TRL" if report.plan.target == "trl" else "verl"
+    return trainer_named(report.plan.target).label
 
 
 def gains_table(report: ReportData) -> Table:
@@ -303,7 +306,7 @@ def verl_lines(report: ReportData) -> list[str]:
         "actor.ppo_mini_batch_size = m·g·W/n (verl multiplies it by rollout.n, splits it over the W GPUs "
         "and runs (M·n/W)/m = g micro-batches of m per GPU per optimizer step).",
         MEASURED_BY_VERL
-        if report.plan.settings.get("engine") == "verl"
+        if engine_named(report.plan.settings.get("engine")).runs_rollout
         else NOT_MEASURED.format(rules=RULES),
     ]
     if report.verl is not None:
@@ -334,28 +337,13 @@ def verl_default_lines(report: ReportData) -> list[str]:
     ]
 
 
-def launch_line(report: ReportData, overrides: str = "verl_overrides.txt") -> str:
-    """The command that starts verl on the exported job: the file, then what only the user knows (the data,
-    and the model's path where the file has no hub id or directory for it); replace the /path/to/ parts.
-
-    A bash line, safe to paste whatever the file's path: `mapfile` hands verl each line of the file as one
-    argument. `$(cat FILE)` splits each line at its spaces and globs it: `key='/my models/x'` (a value in
-    Hydra's quotes) would reach verl as two broken words, and `[1,2]` could match a file. `xargs -d '\n'`
-    is GNU's only and turns any failure of verl into exit 123. `&&`: where `mapfile` is missing (zsh,
-    bash 3) or the file cannot be read, verl does not start on its defaults."""
-    assert report.verl is not None, "no recommendation to launch"
-    given = report.verl.values
-    extra = ["data.train_files=/path/to/train.parquet", "data.val_files=/path/to/val.parquet"]
-    if "actor_rollout_ref.model.path" not in given:
-        extra.append("actor_rollout_ref.model.path=/path/to/model")
-        if "critic.ppo_micro_batch_size_per_gpu" in given:
-            extra.append("critic.model.path=/path/to/model")
-    if report.plan.reward_model != "function":
-        reward = verl_model_path(report.plan.reward_model) or "/path/to/reward_model"
-        extra += ["reward_model.enable=true", f"reward_model.model.path={format_value(reward)}"]
-    return (
-        f"mapfile -t overrides < {shlex.quote(overrides)} && "
-        f'python -m verl.trainer.main_ppo "${{overrides[@]}}" {shlex.join(extra)}'
+def launch_line(report: ReportData, path: str | None = None) -> str:
+    """The command that starts the study's trainer on its exported file (`path`, default the file's name: run
+    beside it); replace the /path/to/ parts."""
+    trainer = trainer_named(report.plan.target)
+    values = report.verl.values if report.verl is not None else {}
+    return trainer.launch_line(
+        path or trainer.export_file, report.plan.gpus, values, report.plan.reward_model
     )
 
 
@@ -461,7 +449,8 @@ def step_gain(gain: float, generation_share: float) -> float:
 def transfer_line(report: ReportData) -> str | None:
     """What the gain in the phases verl shares with the probe makes of a verl step (verl's passes only: the
     probe's rollout is synthetic, vLLM generates in the real job)."""
-    if report.plan.settings.get("passes") != "verl":
+    passes = report.plan.settings.get("passes")
+    if passes is None or not Passes(passes).packed:
         return None
     found = [g.verl.ratio if g.verl is not None else g.ratio for g in report.gains]
     ratios = [r for r in found if r is not None and r > 0]

@@ -33,7 +33,6 @@ from optuna.trial import FrozenTrial
 
 from autotune.errors import Unavailable, UserError
 from autotune.files import make_folder, write_whole
-from autotune.formats.trl import launch_line as trl_launch_line
 from autotune.formats.verl import format_overrides
 from autotune.memory.budget import Budget
 from autotune.report.data import ReportData, best_config_yaml, build_report, config_yaml
@@ -52,6 +51,7 @@ from autotune.report.tables import (
 from autotune.status import Attr
 from autotune.study.plan import StudyPlan
 from autotune.study.trials import trial_status
+from autotune.trainers.registry import trainer_named
 from autotune.units import GIB, gib
 
 __all__ = [
@@ -176,9 +176,7 @@ def write_report(
 
 def export_launch(report: ReportData, out_dir: Path) -> str:
     """The command that starts the target trainer on the exported file."""
-    if report.trl_config is not None:
-        return trl_launch_line(str((out_dir / "trl_config.yaml").resolve()), report.plan.gpus)
-    return launch_line(report, str((out_dir / "verl_overrides.txt").resolve()))
+    return launch_line(report, str((out_dir / trainer_named(report.plan.target).export_file).resolve()))
 
 
 def summary_lines(report: ReportData, out_dir: Path, files: dict[str, Path]) -> list[str]:

@@ -29,8 +29,7 @@ from autotune.errors import UserError
 from autotune.formats.launch_script import looks_like_launch_script
 from autotune.formats.read import read_target
 from autotune.formats.target import Target
-from autotune.formats.trl import TRL_KIND
-from autotune.formats.verl_schema import effective
+from autotune.formats.verl import MINI_KEY
 from autotune.space.specs import (
     BUDGET,
     CHECKPOINTING,
@@ -48,6 +47,7 @@ from autotune.space.specs import (
     TRAIN,
     WORKERS,
 )
+from autotune.trainers.registry import Trainer, trainer_of_file
 
 __all__ = [
     "FileSpace",
@@ -56,12 +56,9 @@ __all__ = [
     "device_guess",
     "file_space",
     "job_space",
-    "mini_batch_of",
     "read_job_file",
 ]
 
-VERL_KIND = "verl overrides"  # Target.kind of a verl override file or launch script
-MINI_KEY = "actor_rollout_ref.actor.ppo_mini_batch_size"
 CPU_STEP_TOKENS = 16_384  # a step's tokens a CPU probe measures in minutes (cpu-tiny's: 1,152 in 20 s)
 
 
@@ -71,7 +68,7 @@ class JobFile:
 
     path: Path
     target: Target
-    trainer: str  # "verl" | "trl": the export's target
+    trainer: Trainer  # whose file it is: the export's target
     call: int | None = None  # the launch script's trainer call (--call)
 
     @property
@@ -85,19 +82,7 @@ class JobFile:
 
     @property
     def mini_batch(self) -> int:
-        return mini_batch_of(self.target, self.trainer)
-
-
-def mini_batch_of(target: Target, trainer: str) -> int:
-    """Samples per optimizer step as a file says it: verl counts prompts × rollout.n, TRL micro batch ×
-    accumulation steps × processes."""
-    assert target.config is not None
-    c = target.config
-    if trainer == "verl":
-        prompts = effective(MINI_KEY, target.overrides or {})
-        if isinstance(prompts, int) and not isinstance(prompts, bool) and prompts > 0:
-            return prompts * c.rollout_n
-    return c.micro_batch_size * c.gradient_accumulation_steps * (target.gpus or 1)
+        return self.trainer.mini_batch(self.target)
 
 
 @dataclass
@@ -117,8 +102,8 @@ def read_job_file(path: Path, call: int | None = None) -> JobFile:
     if _is_space(Path(path)):
         raise UserError(f"--from {path}: this is a search space; run it with --space {path}")
     target = read_target(path, call=call)
-    trainers = {VERL_KIND: "verl", TRL_KIND: "trl"}
-    if target.kind not in trainers:
+    trainer = trainer_of_file(target)
+    if trainer is None:
         raise UserError(
             f"--from {path}: this is autotune's own config schema ({target.kind}), not a trainer's file: "
             f"--from takes a verl launch script, a verl override file or a TRL config; for a search space "
@@ -133,7 +118,7 @@ def read_job_file(path: Path, call: int | None = None) -> JobFile:
             f"--from {path}: the file does not give the batch sizes a study holds (data.train_batch_size, "
             f"{MINI_KEY}, actor_rollout_ref.rollout.n and a micro batch or use_dynamic_bsz): set them in it"
         )
-    return JobFile(Path(path), target, trainers[target.kind], call)
+    return JobFile(Path(path), target, trainer, call)
 
 
 def _is_space(path: Path) -> bool:
@@ -214,7 +199,7 @@ def _check_cpu_size(job: JobFile, train: int, length: int) -> None:
 def _gpus(job: JobFile, options: Any, result: FileSpace) -> int:
     """--gpus (on each of --nodes), else the file's trainer.n_gpus_per_node (its trainer.nnodes are
     --nodes': a job over several machines is not probed on one without being told)."""
-    nodes = effective("trainer.nnodes", job.target.overrides or {}) if job.trainer == "verl" else 1
+    nodes = job.trainer.nodes(job.target)
     if options.gpus is None and isinstance(nodes, int) and nodes > 1 and options.nodes != nodes:
         raise UserError(
             f"--from {job.path}: the job spans {nodes} nodes (trainer.nnodes): pass --ray ADDRESS --nodes "
@@ -253,11 +238,11 @@ def _system_knobs(
     knobs: dict[str, Any] = {
         MICRO: _pow2_range(per_gpu),
         CHECKPOINTING: {"choices": [True, False]},
-        WORKERS: _workers(config, job.trainer, result),
-        SHARDING: "replicate" if job.trainer == "trl" or not config.sharded else config.sharding,
+        WORKERS: _workers(config, result),
+        SHARDING: config.sharding if job.trainer.shards_states and config.sharded else "replicate",
     }
     for name in OFFLOAD_KNOBS:
-        offloads = getattr(config, name) and job.trainer == "verl"
+        offloads = getattr(config, name) and job.trainer.offloads_states
         if offloads and device != "cuda":
             result.notes.append(
                 f"{name}: held off on {device} (offload moves states off a GPU; there is none to measure "
@@ -265,13 +250,13 @@ def _system_knobs(
             )
             offloads = False
         knobs[name] = bool(offloads)
-    if job.trainer == "verl":
+    if job.trainer.token_budgets:
         knobs[LOGPROB] = _pow2_range(max(1, train // gpus))
         knobs |= _dynamic_knobs(config, per_gpu, max(1, train // gpus))
     return knobs
 
 
-def _workers(config: ProbeConfig, trainer: str, result: FileSpace) -> int:
+def _workers(config: ProbeConfig, result: FileSpace) -> int:
     """The file's dataloader workers, held (they change no training pass): at most this machine's cores."""
     cores = physical_cores()
     if config.num_rollout_workers <= cores:
@@ -386,7 +371,7 @@ def check_baseline(space: Any, job: JobFile) -> None:
 def say_overrides(job: JobFile, space: FileSpace, console: Any) -> None:
     """What the run took from the file, what the flags changed, and what was adapted to this machine."""
     console.print(
-        f"--from {job.path}: {job.target.kind}, its recipe held ({job.trainer} reads it so)",
+        f"--from {job.path}: {job.target.kind}, its recipe held ({job.trainer.name} reads it so)",
         markup=False,
         highlight=False,
         soft_wrap=True,
@@ -394,5 +379,5 @@ def say_overrides(job: JobFile, space: FileSpace, console: Any) -> None:
     for line in [f"overridden: {item}" for item in space.overridden] + [f"note: {n}" for n in space.notes]:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     for finding in job.target.findings:
-        prefix = "note" if finding.severity == "note" else f"{job.trainer} would refuse the file"
+        prefix = "note" if finding.severity == "note" else f"{job.trainer.name} would refuse the file"
         console.print(f"{prefix}: {finding.line}", markup=False, highlight=False, soft_wrap=True)

@@ -66,8 +66,10 @@ EXIT_INTERRUPTED = 130  # stopped by Ctrl-C or SIGTERM: the report holds what wa
 def run_study(options: RunOptions, console: Console | None = None) -> int:
     """`autotune run`: on this machine, or on the Ray cluster of --ray (joined for the whole run)."""
     from autotune.probe.cluster.connect import check_flags, on_cluster
+    from autotune.trainers.registry import check_cluster_use
 
-    check_flags(options.ray, options.nodes, options.engine, options.target)
+    check_flags(options.ray, options.nodes)
+    check_cluster_use(options.ray, options.nodes, options.probe_engine, options.trainer)
     with on_cluster(options.ray) as cluster:
         return _run_study(options, console or Console(stderr=options.json), cluster)
 
@@ -79,7 +81,7 @@ def _run_study(options: RunOptions, console: Console, cluster: Any) -> int:
         from autotune.run.from_file import read_job_file
 
         job_file = read_job_file(options.from_file, options.call)
-        options = dataclasses.replace(options, target=job_file.trainer)
+        options = dataclasses.replace(options, target=job_file.trainer.name)
     job = prepare(options, console, cluster, job_file)
     space = job.space
     if options.study:
@@ -117,7 +119,7 @@ def _run_study(options: RunOptions, console: Console, cluster: Any) -> int:
             narrator.say(f"enqueued the hand-made configs first: {', '.join(seeded)}", markup=False)
         for line in unfit_seed_lines(space, seeded) if fresh else []:
             narrator.say(line, markup=False)
-        verl_knobs = options.engine == "verl" or bool(space.verl_knobs)
+        verl_knobs = options.probe_engine.runs_rollout or bool(space.verl_knobs)
         narrator.say(LEGEND + (VERL_LEGEND if verl_knobs else ""), markup=False)
         pending = out_dir / PENDING_FILE
         tuner = Tuner(

@@ -30,12 +30,12 @@ from autotune.memory.model import MemoryModel
 from autotune.probe.contract import ProbeSettings
 from autotune.space.model import SearchSpace, batch_value_problem, space_from_dict
 from autotune.space.specs import MINI, OFFLOAD_KNOBS, SYSTEM_KNOBS, TP, TRAIN
+from autotune.trainers.registry import DEFAULT_TRAINER, ProbeEngine, Trainer, engine_named, trainer_named
 from autotune.units import GIB
 
 __all__ = [
     "Prepared",
     "RunOptions",
-    "check_engine_knobs",
     "check_floor",
     "check_offload",
     "command_line_space",
@@ -46,7 +46,6 @@ __all__ = [
     "length_knob_at_least",
     "machine_identity",
     "parse_duration",
-    "passes_for",
     "prepare",
     "probe_settings",
     "resolve_budget_gib",
@@ -106,29 +105,26 @@ class RunOptions:
     verl_python: str | None = None
     trl_python: str | None = None
     search_unexported: bool = False  # search knobs verl does not read (the rollout batch) all the same
-    target: str = "verl"  # the trainer the export is for (formats.target.TARGETS)
+    target: str = "verl"  # the trainer the export is for (a name in autotune.trainers.TRAINERS)
     ray: str | None = None  # a Ray cluster's address (or "auto"): the probes run there
     nodes: int = 1  # nodes one probe spans, --gpus on each
     placement_timeout: float = 300.0  # how long a probe waits for the cluster to place it
     from_file: Path | None = None  # --from: the user's job (verl launch script or overrides, TRL config)
     call: int | None = None  # --call: which trainer call of a launch script
 
+    @property
+    def trainer(self) -> Trainer:
+        return trainer_named(self.target)
+
+    @property
+    def probe_engine(self) -> ProbeEngine:
+        return engine_named(self.engine)
+
 
 def default_study_name(space_name: str, model: str, gpus: int, fingerprint: str) -> str:
     """<space>-<model>-<W>gpu-<fingerprint of the study's identity>: another job gets another study."""
     raw = f"{space_name}-{Path(model).name or model}-{gpus}gpu"
     return f"{re.sub(r'[^A-Za-z0-9._-]+', '-', raw).strip('-.')[:80]}-{fingerprint}"
-
-
-def passes_for(target: str) -> str:
-    """Whose training passes the built-in probe runs: TRL's for a TRL export, else verl's."""
-    return "trl" if target == "trl" else "verl"
-
-
-def model_passes(engine: str, passes: str) -> str:
-    """Whose passes the memory model prices: TRL 1.16's own where TRL runs the probe (its fused LM head),
-    else the built-in probe's (`passes_for`)."""
-    return "trl_fused" if engine == "trl" else passes
 
 
 def probe_settings(space, options: RunOptions, device: str, cluster: Any = None) -> ProbeSettings:
@@ -151,44 +147,6 @@ def probe_settings(space, options: RunOptions, device: str, cluster: Any = None)
         verl_python=options.verl_python,
         trl_python=options.trl_python,
     )
-
-
-def announce_trl(trl_python: str | None, console: Console) -> None:
-    """Check the TRL environment before anything else, and say what the TRL engine measures."""
-    from autotune.probe.trl import check_trl_python
-
-    version = check_trl_python(trl_python)
-    console.print(
-        f"probing with TRL {version}: each trial runs TRL's GRPOTrainer for the warm-up (on CPU, and one "
-        f"more round that sets the peak) and the measured rounds; "
-        f"samples/sec from TRL's own step_time",
-        markup=False,
-        highlight=False,
-        soft_wrap=True,
-    )
-
-
-def announce_verl(verl_python: str | None, device: str, console: Console) -> None:
-    """Check the verl environment before anything else, and say what the verl engine measures."""
-    from autotune.probe.verl.install import VERL_VERSION, check_verl_python
-
-    version = check_verl_python(verl_python)
-    console.print(
-        f"probing with verl {version} ({verl_python}): each trial runs python -m verl.trainer.main_ppo for "
-        f"the warm-up and measured steps; the memory model prunes only the training side (it cannot "
-        f"predict vLLM's pool)",
-        markup=False,
-        highlight=False,
-        soft_wrap=True,
-    )
-    if version != VERL_VERSION:
-        console.print(
-            f"[yellow]autotune's verl export is written for verl {VERL_VERSION}, not {version}[/yellow]"
-        )
-    if device != "cuda":
-        console.print(
-            "[yellow]verl runs PPO on GPUs only: on this CPU machine only a stand-in verl can run[/yellow]"
-        )
 
 
 def resolve_budget_gib(space, options: RunOptions, device: str, card_bytes: int | None = None) -> float:
@@ -237,16 +195,14 @@ def prepare(options: RunOptions, console: Console, cluster: Any = None, job: Any
     from autotune.probe.devices import device_label
 
     space, lengths, from_file = resolve_space(options, console, job)
-    check_engine_knobs(space, options.engine)
-    if options.target == "trl" or options.engine == "trl":
-        check_trl_space(space)
-    space = hold_unexported(space, options.search_unexported, console, options.target)
+    trainer, engine = options.trainer, options.probe_engine
+    engine.check_space_knobs(space)
+    for runs in dict.fromkeys(t for t in (trainer, engine.trainer) if t is not None):
+        runs.check_space(space)  # what the export is for, and what runs the probes
+    space = hold_unexported(space, options.search_unexported, console, trainer)
     device, card = run_device(options, space, cluster)
-    check_engine_knobs(space, options.engine, device)
-    if options.engine == "verl":
-        announce_verl(options.verl_python, device, console)
-    if options.engine == "trl":
-        announce_trl(options.trl_python, console)
+    engine.check_space_knobs(space, device)
+    engine.announce(probe_settings(space, options, device, cluster), console)
     space = without_unmeasurable_offload(space, device, console)
     check_offload(space, device)
     actor = resolve_model(space.model, options.weights, options.trust_remote_code)
@@ -254,16 +210,14 @@ def prepare(options: RunOptions, console: Console, cluster: Any = None, job: Any
     reward = resolve_reward_model(space.reward_model)
     budget_gib = resolve_budget_gib(space, options, device, card[1] if card else None)
     budget = Budget(int(budget_gib * GIB), space.headroom)
-    rollout_card = rollout_card_bytes(
-        options.engine, device, budget, options.target, card[1] if card else None
-    )
+    rollout_card = rollout_card_bytes(engine, device, budget, trainer, card[1] if card else None)
     from autotune.probe.verl.run_log import job_lengths, read_run_log
 
     token_lengths, notes = job_lengths(lengths, options.verl_log)
     for note in notes:
         console.print(f"--verl-log: {note}", markup=False, highlight=False, soft_wrap=True)
     run_log = read_run_log(options.verl_log) if options.verl_log is not None else None
-    passes = passes_for(options.target)
+    passes = trainer.passes
     arch = Architecture.from_specs(actor, reward)
     model = MemoryModel(
         arch,
@@ -271,7 +225,7 @@ def prepare(options: RunOptions, console: Console, cluster: Any = None, job: Any
         device,
         rollout_card_bytes=rollout_card,
         lengths=token_lengths,
-        passes=model_passes(options.engine, passes),
+        passes=engine.model_passes(passes),
     )
     longest = ProbeConfig(
         **space.fixed_fields,
@@ -416,7 +370,7 @@ def without_unmeasurable_offload(space: SearchSpace, device: str, console: Conso
 
 
 def hold_unexported(
-    space: SearchSpace, search_anyway: bool, console: Console, target: str = "verl"
+    space: SearchSpace, search_anyway: bool, console: Console, trainer: Trainer = DEFAULT_TRAINER
 ) -> SearchSpace:
     """Knobs the target trainer has no key for (autotune.formats.verl_table: the rollout batch; for TRL,
     autotune.formats.trl: the rollout batch and the log-prob micro batch) change nothing in the job the study
@@ -425,10 +379,7 @@ def hold_unexported(
     generates a step's prompts together). Hand-made configs with another value are probed at the held one, as
     the trainer would run them. `search_anyway` (--search-unexported) searches them all the same; the report
     then splits the gain into what the trainer's knobs make and what these make."""
-    from autotune.formats.trl import not_trl_knobs
-    from autotune.formats.verl_table import not_verl_knobs
-
-    unread, trainer = (not_trl_knobs(), "TRL") if target == "trl" else (not_verl_knobs(), "verl")
+    unread = trainer.unread_knobs()
     searched = [name for name in unread if name in SYSTEM_KNOBS and space.knob(name).searched]
     if search_anyway or not searched:
         return space
@@ -443,8 +394,8 @@ def hold_unexported(
             raw[name] = held
         whose = "the space's largest" if source is None else "a hand-made config's"
         console.print(
-            f"note: {name} held at {held} ({whose}): {trainer} has no such knob, so searching it would not "
-            f"change the job handed over; --search-unexported searches it anyway"
+            f"note: {name} held at {held} ({whose}): {trainer.label} has no such knob, so searching it would "
+            f"not change the job handed over; --search-unexported searches it anyway"
             + (f"; hand-made {', '.join(repr(r['name']) for r in moved)} probed at {held}" if moved else ""),
             soft_wrap=True,
             markup=False,
@@ -476,71 +427,13 @@ def tensor_parallel_for_heads(space: SearchSpace, actor: Any, console: Console) 
     return space_from_dict(data, source=space.source, cores=space.cores, name=space.name)
 
 
-def check_engine_knobs(space: SearchSpace, engine: str, device: str | None = None) -> None:
-    """Refuse, in one line, vLLM's knobs where no vLLM runs: under the built-in probe (it has no vLLM, so a
-    share, a tensor-parallel rollout or max_num_seqs would be searched without being measured; fixing them
-    silently would hand back a config nobody probed), and under --engine trl all but vLLM's share, which TRL
-    colocates on CUDA only (`device` None: not resolved yet). Dynamic batch size and its budgets the built-in
-    probe measures as verl packs."""
-    named = space.vllm_knobs
-    if engine == "verl" or not named:
-        return
-    if engine != "trl":
-        raise UserError(
-            f"{space.source}: knobs {', '.join(named)} are vLLM's, measured only with --engine verl (the "
-            f"built-in probe has no vLLM pool or tensor-parallel rollout) or, for gpu_memory_utilization, "
-            f"--engine trl on CUDA: run with such an engine, or leave them out"
-        )
-    others = [name for name in named if name != "gpu_memory_utilization"]
-    if others:
-        raise UserError(
-            f"{space.source}: knobs {', '.join(others)} are not searched for TRL (TRL sets vLLM's sequences "
-            f"itself): leave them out; gpu_memory_utilization is TRL's vLLM share (use_vllm, colocated)"
-        )
-    if device is not None and device != "cuda":
-        raise UserError(
-            f"{space.source}: knob gpu_memory_utilization is TRL's vLLM share (use_vllm, colocated), and "
-            f"vLLM runs on CUDA only, not on {device}: leave it out (TRL then generates with transformers)"
-        )
-
-
-def check_trl_space(space: SearchSpace) -> None:
-    """Refuse, in one line, a space TRL's GRPOTrainer cannot run as the study would measure it: not GRPO, one
-    completion per prompt, sharding or offload (accelerate's config, not GRPOConfig), or a hand-made config
-    GRPOConfig refuses."""
-    from autotune.config.rules import raise_for
-    from autotune.formats.trl import trl_findings
-
-    dynamic = [name for name in space.verl_knobs if name not in space.vllm_knobs]  # dynamic batch size
-    if dynamic:
-        raise UserError(
-            f"{space.source}: knobs {', '.join(dynamic)} are verl's dynamic batch size: TRL's GRPOTrainer "
-            f"pads fixed micro batches and has no token budget; fix: leave them out of the space (or "
-            f"--target verl)"
-        )
-    held = [name for name in ("sharding", *OFFLOAD_KNOBS) if len(space.knob(name).values()) > 1]
-    if held:
-        raise UserError(
-            f"{space.source}: knobs {', '.join(held)} are searched, but TRL holds the states by accelerate's "
-            f"config, which the TRL export does not write: fix them (sharding: replicate, no offload)"
-        )
-    first = ProbeConfig(**space.fixed_fields)
-    seeds = [finding for seed in space.seed_configs for finding in trl_findings(seed.config, space.gpus)]
-    found = list({f.line: f for f in trl_findings(first, space.gpus) + seeds}.values())  # each once
-    try:
-        raise_for(found)
-    except UserError as exc:
-        raise UserError(f"{space.source}: for TRL: {exc}") from None
-
-
 def rollout_card_bytes(
-    engine: str, device: str, budget: Budget, target: str = "verl", card_bytes: int | None = None
+    engine: ProbeEngine, device: str, budget: Budget, trainer: Trainer, card_bytes: int | None = None
 ) -> float | None:
     """On CUDA, the card vLLM's share is a fraction of (`card_bytes`: a Ray cluster's, read on its node):
     --engine verl's pool, or TRL's colocated one (--engine trl --target trl). None for the built-in probe (no
     pool) and on CPU, where only a stand-in verl runs, TRL runs no vLLM and nothing measures a pool."""
-    pool = engine == "verl" or (engine == "trl" and target == "trl")
-    if not pool or device != "cuda":
+    if not engine.pools_rollout(trainer) or device != "cuda":
         return None
     if card_bytes:
         return float(card_bytes)

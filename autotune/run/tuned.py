@@ -18,25 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autotune.config.knobs import ProbeConfig
 from autotune.errors import UserError
 from autotune.files import write_whole
-from autotune.formats.launch_script import looks_like_launch_script
 from autotune.formats.read import read_target
-from autotune.formats.trl_read import parse_trl
 from autotune.formats.tuned_file import (
     short_diff,
-    tune_launch_script,
-    tune_override_file,
-    tune_yaml_config,
     tuned_path,
 )
-from autotune.formats.tuned_values import trl_changes, verl_changes
-from autotune.formats.verl import parse_overrides, verl_rule_violations
 from autotune.report.write import SUMMARY_FILE
-from autotune.run.from_file import JobFile, mini_batch_of
+from autotune.run.from_file import JobFile
 from autotune.space.model import SearchSpace
 from autotune.space.specs import SYSTEM_KNOBS
 from autotune.status import Attr
@@ -81,20 +72,8 @@ def tuned_text(job: JobFile, space: SearchSpace, best: ProbeConfig) -> tuple[str
     ValueError: the file cannot be edited so (its trainer call names its module through a variable, ...)."""
     text = job.path.read_text(encoding="utf-8")
     knobs = searched_system_knobs(space)
-    if job.trainer == "trl":
-        trl = trl_changes(best, knobs, yaml.safe_load(text) or {})
-        return (tune_yaml_config(text, trl) if trl else text), trl
-    verl = verl_changes(best, space.gpus, knobs, job.target.overrides or {})
-    if not verl:
-        return text, {}
-    if looks_like_launch_script(text):
-        called_in = job.target.call_file
-        if called_in is not None and Path(called_in).resolve() != job.path.resolve():
-            raise ValueError(
-                f"the trainer is started in {called_in}, which the script sources: tune that file"
-            )
-        return tune_launch_script(text, verl, job.target.call_line or 1), dict(verl)
-    return tune_override_file(text, verl), dict(verl)
+    changes = job.trainer.tuned_changes(best, space.gpus, knobs, job.target, text)
+    return job.trainer.tuned_text(text, changes, job.target, job.path), changes
 
 
 def write_tuned_file(job: JobFile, space: SearchSpace, best: ProbeConfig, out_dir: Path) -> TunedFile:
@@ -127,55 +106,11 @@ def _check_copy(job: JobFile, path: Path, changes: dict[str, Any]) -> None:
     if again.config is None:
         raise UserError(f"{where}: it no longer gives the batch sizes; it was not kept")
     moved = [name for name in RECIPE_FIELDS if getattr(again.config, name) != getattr(original, name)]
-    if mini_batch_of(again, job.trainer) != job.mini_batch:
+    if job.trainer.mini_batch(again) != job.mini_batch:
         moved.append("mini_batch_size")
     if moved:
         raise UserError(f"{where}: its recipe reads differently ({', '.join(moved)}); it was not kept")
-    if job.trainer == "verl":
-        _check_verl_values(job, again.overrides or {}, changes, where)
-        _check_verl_rules(job, again.overrides or {}, where)
-    else:
-        _check_trl_values(job, path, changes, where)
-
-
-def _check_verl_values(job: JobFile, values: dict[str, Any], changes: dict[str, Any], where: str) -> None:
-    """Every key of the original reads the same, but the changed ones, which read their new values."""
-    wanted = parse_overrides("".join(f"{key}={value}\n" for key, value in changes.items()), where)
-    original = job.target.overrides or {}
-    expected = {**original, **wanted}
-    differing = sorted(key for key in expected.keys() | values.keys() if expected.get(key) != values.get(key))
-    if differing:
-        shown = ", ".join(
-            f"{key}={values.get(key)!r} (wanted {expected.get(key)!r})" for key in differing[:3]
-        )
-        raise UserError(f"{where}: reads {shown}; it was not kept")
-
-
-def _check_verl_rules(job: JobFile, values: dict[str, Any], where: str) -> None:
-    """verl's own start-up rules on the job's GPUs: a value measured on a rehearsal (other GPUs, another
-    batch) may not divide the real job's share of the batch. Rules the original already broke are its own."""
-    before = set(verl_rule_violations(job.target.overrides or {}, job.gpus))
-    broken = [rule for rule in verl_rule_violations(values, job.gpus) if rule not in before]
-    if broken:
-        raise UserError(
-            f"{where}: verl would refuse it on the job's {job.gpus} GPU(s): {broken[0]}; not kept"
-        )
-
-
-def _check_trl_values(job: JobFile, path: Path, changes: dict[str, Any], where: str) -> None:
-    """TRL's parser reads every field the original sets as the original, but the changed ones, which read
-    their new values (fields TRL derives, such as steps_per_generation, follow them and are the recipe
-    check's)."""
-    written = yaml.safe_load(job.path.read_text(encoding="utf-8")) or {}
-    before = parse_trl(written, str(job.path))
-    after = parse_trl(yaml.safe_load(path.read_text(encoding="utf-8")) or {}, where)
-    aliases = {"gradient_checkpointing", "activation_checkpointing"}
-    allowed = set(changes) | (aliases if aliases & set(changes) else set())
-    wrong = [key for key in written if key in before and key not in allowed and before[key] != after.get(key)]
-    wrong += [key for key, value in changes.items() if after.get(key) != value]
-    if wrong:
-        shown = ", ".join(f"{key}={after.get(key)!r}" for key in wrong[:3])
-        raise UserError(f"{where}: TRL reads {shown}, which the study did not set; it was not kept")
+    job.trainer.check_copy(job.path, job.target, path, again, changes, job.gpus)
 
 
 def hand_back(job: JobFile, file_space: Any, space: SearchSpace, result: Any, narrator: Any) -> None:

@@ -22,7 +22,6 @@ from autotune.memory.budget import Budget
 from autotune.memory.model import MemoryModel
 from autotune.probe.conditions import disturbance
 from autotune.probe.contract import ProbeResult, ProbeSettings
-from autotune.probe.launcher import run_probe
 from autotune.search import policy
 from autotune.space.model import SearchSpace, sample_config
 from autotune.status import Attr, Status
@@ -31,6 +30,7 @@ from autotune.study.coordination import Claims, heartbeat, wait_for_twin
 from autotune.study.outcome import Outcome, outcome_from_dict, outcome_from_result, record_outcome
 from autotune.study.storage import PATIENCE_SECONDS, retrying
 from autotune.study.trials import finished_trials
+from autotune.trainers.registry import run_probe
 
 __all__ = ["LONGER_TRY", "Tuner"]
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from autotune.config.lengths import JobLengths
+from autotune.config.passes import Passes
 from autotune.errors import UserError
 from autotune.probe.contract import ProbeSettings
 from autotune.study.plan import StudyPlan, check_same_job
@@ -66,10 +67,10 @@ def worker_settings(
     verl_python: str | None = None,
     trl_python: str | None = None,
 ) -> ProbeSettings:
-    from autotune.probe.engines import check_engine_environment
+    from autotune.trainers.registry import engine_named
 
     settings = plan.probe_settings(device, trust_remote_code, verl_python, trl_python)
-    check_engine_environment(settings)
+    engine_named(settings.engine).check_environment(settings)
     if settings.prompts_file and not Path(settings.prompts_file).is_file():
         raise UserError(
             f"the study's probes read their prompts from {settings.prompts_file} (autotune run --data), "
@@ -85,19 +86,14 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     from autotune.probe.devices import device_label, resolve_device
     from autotune.run.live import RUN_LOG, Narrator
     from autotune.run.loop import LiveView, print_summary, probe_study
-    from autotune.run.prepare import (
-        check_engine_knobs,
-        check_offload,
-        machine_identity,
-        model_passes,
-        rollout_card_bytes,
-    )
+    from autotune.run.prepare import check_offload, machine_identity, rollout_card_bytes
     from autotune.run.slots import plan_slots
     from autotune.run.tuner import Tuner
     from autotune.search.sampler import SystemSampler
     from autotune.space.model import space_from_dict
     from autotune.study.outage import PENDING_FILE
     from autotune.study.trials import check_study_name, finished_trials, memory_model_error, open_study
+    from autotune.trainers.registry import engine_named, trainer_named
 
     console = console or Console()
     check_study_name(options.study)
@@ -119,7 +115,8 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
         )
     device = resolve_device(options.device, space.gpus)
     check_offload(space, device)
-    check_engine_knobs(space, plan.settings.get("engine", "builtin"), device)
+    engine = engine_named(plan.settings.get("engine"))
+    engine.check_space_knobs(space, device)
     settings = worker_settings(
         plan, device, options.trust_remote_code, options.verl_python, options.trl_python
     )
@@ -133,14 +130,14 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
             f"study {options.study!r} in {redact(options.storage)} stores no memory budget: a worker "
             f"measures against the study's own; start the study with `autotune run` first"
         )
-    card = rollout_card_bytes(settings.engine, device, budget, plan.target)
+    card = rollout_card_bytes(engine, device, budget, trainer_named(plan.target))
     model = MemoryModel(
         Architecture.from_specs(actor, reward),
         space.gpus,
         device,
         rollout_card_bytes=card,
         lengths=JobLengths.from_dict(settings.lengths),
-        passes=model_passes(settings.engine, settings.passes),
+        passes=engine.model_passes(Passes(settings.passes)),
     )
     slots = plan_slots(options.parallel, space.gpus, device)
     trials = options.trials or int(plan.trials or 0)

@@ -214,22 +214,13 @@ def check_fits(cluster: Cluster, device: str, nodes: int, per_node: int, paralle
     )
 
 
-def check_flags(ray: str | None, nodes: int, engine: str = "builtin", target: str = "verl") -> None:
-    """The command line's cluster flags, before anything else (no Ray needed to say these)."""
+def check_flags(ray: str | None, nodes: int) -> None:
+    """The command line's cluster flags, before anything else (no Ray needed to say these); what an engine or
+    a trainer allows on a cluster is autotune.trainers.check_cluster_use's."""
     if nodes > 1 and ray is None:
         raise UserError(
             f"--nodes {nodes}: a probe over several machines runs on a Ray cluster: add --ray ADDRESS (its "
             f"head's HOST:PORT) or --ray auto, or leave --nodes out"
-        )
-    if ray is not None and engine == "trl":
-        raise UserError(
-            "--ray with --engine trl: TRL's probes run on this machine only; leave --ray out, or use the "
-            "built-in probe (--engine builtin) or verl's (--engine verl) on the cluster"
-        )
-    if nodes > 1 and target == "trl":
-        raise UserError(
-            f"--nodes {nodes} with --target trl: the TRL export is for one machine (accelerate's multi-node "
-            f"launch is not written); leave --nodes out, or export for verl"
         )
 
 
