@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.lengths import JobLengths
+from autotune.config.passes import Passes
 from autotune.config.rules import (
     Finding,
     config_findings,
@@ -430,14 +431,14 @@ def _model_checks(
     name = options.model or registry_name(target.model)
     findings: list[Finding] = []
     report = None
-    passes = "trl_fused" if target.kind == TRL_KIND else "verl"  # TRL 1.16 runs a TRL file
+    passes = Passes.TRL_FUSED if target.kind == TRL_KIND else Passes.VERL  # TRL 1.16 runs a TRL file
     if options.data is not None:
         from autotune.data.lengths import measure_lengths
 
         report = measure_lengths(options.data, name or "tiny-llama", options.prompt_key, options.response_key)
         if target.kind == TRL_KIND:  # TRL truncates no prompt: a batch is as long as its longest
             config = _trl_prompts(config, report, target.prompt_known, findings)
-        findings += length_findings(config, report, packed=passes == "verl", prompts=passes == "verl")
+        findings += length_findings(config, report, packed=passes.packed, prompts=passes.packed)
     lengths, said = job_lengths(report, options.verl_log)  # the verdict's: the data's, a verl log's
     findings += [Finding("lengths", line, severity="note") for line in said]
     if name is None:

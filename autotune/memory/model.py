@@ -41,10 +41,10 @@ from typing import Any
 
 from autotune.config.knobs import VERL_DEFAULT_UTILIZATION, ProbeConfig
 from autotune.config.lengths import JobLengths, PassTokens, pass_tokens
+from autotune.config.passes import Passes
 
 __all__ = [
     "PRIORS",
-    "TRL_PASSES",
     "Architecture",
     "MemoryBreakdown",
     "MemoryModel",
@@ -67,9 +67,10 @@ PRIORS: dict[str, tuple[float, float]] = {"cpu": (0.39 * GIB, 1.0), "cuda": (0.7
 TRL_PRIORS: dict[str, tuple[float, float]] = {"cpu": (0.53 * GIB, 1.0), "cuda": PRIORS["cuda"]}
 
 
-def priors(device: str, passes: str = "verl") -> tuple[float, float]:
-    """(constant, factor) before any measurement, for the process that runs the passes on `device`."""
-    return (TRL_PRIORS if passes == "trl_fused" else PRIORS)[device]
+def priors(device: str, passes: Passes = Passes.VERL) -> tuple[float, float]:
+    """(constant, factor) before any measurement, for the process that runs the passes on `device` (a fused
+    LM head is TRL 1.16's own process, which imports more)."""
+    return (TRL_PRIORS if passes.fused_head else PRIORS)[device]
 
 
 PRIOR_STRENGTH = 0.3  # how firmly a calibration keeps the prior factor (see fit_constant_and_factor)
@@ -327,15 +328,15 @@ def _weights(arch: Architecture, config: ProbeConfig, p: _Precision, held: _Hold
     return trained + reference + arch.reward_parameters * p.frozen  # the reward model runs whole
 
 
-def _rollout_buffer(config: ProbeConfig, world_size: int, passes: str = "verl") -> int:
+def _rollout_buffer(config: ProbeConfig, world_size: int, passes: Passes = Passes.VERL) -> int:
     """The rank's rollout on the device, as `ppo.rollout`, `score` and `advantages` keep it: a score per
     sample; int64 response ids (verl's passes: padded to the response limit, each sample's own tokens stay on
     the host until its micro batch is packed) or whole left-padded rows of ids and mask (generated); and per
     response token the mask, old log-probs and advantages (and the entropy, verl's), reference log-probs
     with KL, values and returns for PPO (fp32)."""
     samples = config.train_batch_size // world_size
-    ids = config.max_response_length * 8 if passes == "verl" else 2 * config.sequence_length * 8
-    per_token = 3 + config.use_kl + 2 * (config.algorithm == "ppo") + (passes == "verl")
+    ids = config.max_response_length * 8 if passes.packed else 2 * config.sequence_length * 8
+    per_token = 3 + config.use_kl + 2 * (config.algorithm == "ppo") + passes.packed
     return samples * (ids + per_token * config.max_response_length * 4 + 4)
 
 
@@ -617,12 +618,6 @@ def _sharded_terms(arch: Architecture, config: ProbeConfig, p: _Precision, held:
     return {**gathered, "reduce_scatter": trained_grads, **loaded}
 
 
-# whose training passes are priced: verl's packed ones and the built-in probe's TRL-like padded ones
-# (autotune.probe.rank.ppo.PASSES), or TRL 1.16's own (--engine trl, a TRL file): padded rows, fused LM head
-PASSES = ("verl", "trl", "trl_fused")
-TRL_PASSES = ("trl", "trl_fused")
-
-
 @dataclass(frozen=True)
 class _Passes:
     """The largest micro batch of each training pass (None: the pass does not run)."""
@@ -633,10 +628,10 @@ class _Passes:
     critic_forward: _Pass | None
 
     @classmethod
-    def of(cls, config: ProbeConfig, device: str, passes: str, tokens: PassTokens) -> _Passes:
+    def of(cls, config: ProbeConfig, device: str, passes: Passes, tokens: PassTokens) -> _Passes:
         """verl's passes: packed micro batches of `tokens`; TRL's: padded rows of the micro batch sizes."""
-        if passes in TRL_PASSES:
-            fused = passes == "trl_fused"
+        if passes.padded:
+            fused = passes.fused_head
             update = _Pass.padded(config, config.micro_batch_size, fused)
             forward = _Pass.padded(config, config.forward_micro_batch_size, fused)
             critic = config.algorithm == "ppo"
@@ -649,10 +644,16 @@ class _Passes:
         )
 
 
-def _priced_lengths(lengths: JobLengths | None, passes: str) -> JobLengths:
+def _priced_lengths(lengths: JobLengths | None, passes: Passes) -> JobLengths:
     """The lengths a model of `passes` prices: the job's for verl's packed passes; the limits for TRL's, which
     pad every batch to its longest sequences whatever the data (so a verdict says `max`, as it prices)."""
-    return (lengths or JobLengths()) if passes not in TRL_PASSES else JobLengths()
+    return JobLengths() if passes.padded else (lengths or JobLengths())
+
+
+def _check_passes(passes: Passes) -> None:
+    """A stored string must be made a `Passes` where it is read: a plain one would be asked what it does."""
+    if not isinstance(passes, Passes):
+        raise ValueError(f"passes must be a Passes ({', '.join(Passes)}), but got {passes!r}.")
 
 
 def predict_components(
@@ -661,7 +662,7 @@ def predict_components(
     world_size: int = 1,
     device: str = "cuda",
     lengths: JobLengths | None = None,
-    passes: str = "verl",
+    passes: Passes = Passes.VERL,
     tokens: PassTokens | None = None,
 ) -> MemoryBreakdown:
     """Per-rank bytes of one probe configuration, term by term (no constant, no calibration factor).
@@ -673,9 +674,8 @@ def predict_components(
         raise ValueError(f"device must be one of {DEVICES}, but got {device!r}.")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, but got {world_size}.")
-    if passes not in PASSES:
-        raise ValueError(f"passes must be one of {PASSES}, but got {passes!r}.")
-    if passes in TRL_PASSES:
+    _check_passes(passes)
+    if passes.padded:
         config = config.with_fixed_micro_batches(world_size)  # TRL has no dynamic batch size
     tokens = tokens or pass_tokens(config, lengths or JobLengths(), world_size)
     return _components(arch, config, world_size, device, passes, tokens)
@@ -696,7 +696,7 @@ def _backward_moment(update: dict[str, int], get: Any) -> tuple[int, int]:
 
 
 def _components(
-    arch: Architecture, config: ProbeConfig, world_size: int, device: str, passes: str, tokens: PassTokens
+    arch: Architecture, config: ProbeConfig, world_size: int, device: str, passes: Passes, tokens: PassTokens
 ) -> MemoryBreakdown:
     p = _Precision.of(device, config.use_lora, config.sharded)
     held = _Holding.of(config, world_size, device)
@@ -730,12 +730,12 @@ def _components(
         ),
         "update": max(update["optimizer_step"] if stepping else backward, 0),
     }
-    if passes == "verl":  # the rollout is vLLM's pool (generation_bytes), not a phase of the training side
+    if passes.packed:  # verl's: the rollout is vLLM's pool (generation_bytes), not a training phase
         rollout = dict.fromkeys(rollout, 0)
         phases.pop("rollout")
         phase_states.pop("rollout")
     return MemoryBreakdown(
-        tokens=tokens.to_dict() if passes == "verl" else {},
+        tokens=tokens.to_dict() if passes.packed else {},
         backward_peak=get("loaded_update", 0) + backward_states + backward,
         backward_dynamic=backward,
         weights=_weights(arch, config, p, held),
@@ -777,10 +777,11 @@ class MemoryModel:
         rollout_card_bytes: float | None = None,
         vllm_rollout: bool = False,
         lengths: JobLengths | None = None,
-        passes: str = "verl",
+        passes: Passes = Passes.VERL,
     ) -> None:
         if device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, but got {device!r}.")
+        _check_passes(passes)
         prior_constant, prior_factor = priors(device, passes)
         self.arch = arch
         self.world_size = world_size
@@ -824,7 +825,7 @@ class MemoryModel:
         training process, and without TRL's vllm_enable_sleep_mode (off by default) it stays there through
         the training passes, so it adds to their peak; None when TRL generates with transformers. An unknown
         card (None) prices no pool (0)."""
-        if self.passes not in TRL_PASSES or config.gpu_memory_utilization is None:
+        if self.passes.packed or config.gpu_memory_utilization is None:
             return None
         if self.rollout_card_bytes is None:
             return 0
@@ -842,7 +843,7 @@ class MemoryModel:
         verl puts vLLM to sleep for the training phases (free_cache_engine, on by default:
         vllm_async_server.py:853-862), so the pool and the training peak never meet. Without a set share the
         verl probe runs with verl's default share, and so does the export of its study."""
-        if self.rollout_card_bytes is None or self.passes in TRL_PASSES:  # TRL's colocated pool: `split`
+        if self.rollout_card_bytes is None or self.passes.padded:  # TRL's colocated pool: `split`
             return 0
         share = (
             VERL_DEFAULT_UTILIZATION
@@ -909,7 +910,7 @@ class MemoryModel:
             "rollout_card_bytes": self.rollout_card_bytes,
             "vllm_rollout": self.vllm_rollout,
             "lengths": self.lengths.to_dict(),
-            "passes": self.passes,
+            "passes": self.passes.value,
         }
 
     @classmethod
@@ -923,7 +924,7 @@ class MemoryModel:
             rollout_card_bytes=data.get("rollout_card_bytes"),
             vllm_rollout=bool(data.get("vllm_rollout", False)),
             lengths=JobLengths.from_dict(data.get("lengths")),
-            passes=data.get("passes", "verl"),
+            passes=Passes(data.get("passes", Passes.VERL)),  # stored as the plain string
         )
         model.points = int(data.get("points", 0))
         return model

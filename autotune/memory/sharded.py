@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from autotune.config.knobs import ProbeConfig
+from autotune.config.passes import Passes
 from autotune.memory.model import Architecture, MemoryModel
 from autotune.units import GIB, gib
 
@@ -54,7 +55,7 @@ def estimate_memory(arch: Architecture, config: ProbeConfig, gpus: int) -> Memor
 def model_label(model: MemoryModel) -> str:
     """Which memory model made a prediction: the device's priors, or calibrated on measurements."""
     device = "CUDA" if model.device == "cuda" else "CPU"
-    if model.passes == "trl_fused":
+    if model.passes is Passes.TRL_FUSED:  # a label names whose passes they are
         from autotune.formats.trl import TRL_VERSION
 
         device = f"TRL {TRL_VERSION}'s passes, {device}"

@@ -23,6 +23,7 @@ from rich.console import Console
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.numbers import MAX_SECONDS, is_int, parse_float
+from autotune.config.passes import Passes
 from autotune.config.schema import show
 from autotune.errors import UserError
 from autotune.memory.budget import Budget
@@ -125,10 +126,10 @@ def passes_for(target: str) -> str:
     return "trl" if target == "trl" else "verl"
 
 
-def model_passes(engine: str, passes: str) -> str:
+def model_passes(engine: str, passes: str) -> Passes:
     """Whose passes the memory model prices: TRL 1.16's own where TRL runs the probe (its fused LM head),
-    else the built-in probe's (`passes_for`)."""
-    return "trl_fused" if engine == "trl" else passes
+    else the built-in probe's (`passes_for`, the string its settings store)."""
+    return Passes.TRL_FUSED if engine == "trl" else Passes(passes)
 
 
 def probe_settings(space, options: RunOptions, device: str, cluster: Any = None) -> ProbeSettings:
