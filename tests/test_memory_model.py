@@ -7,14 +7,9 @@ import pytest
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.passes import Passes
-from autotune.memory.model import (
-    PRIORS,
-    Architecture,
-    MemoryModel,
-    fit_constant_and_factor,
-    minimum_bytes,
-    predict_components,
-)
+from autotune.memory.architecture import Architecture
+from autotune.memory.breakdown import minimum_bytes, predict_components
+from autotune.memory.calibration import PRIORS, MemoryModel, fit_constant_and_factor
 from autotune.models.registry import resolve_model
 
 GB = 10**9

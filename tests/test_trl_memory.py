@@ -8,8 +8,10 @@ import pytest
 from autotune.config.knobs import ProbeConfig
 from autotune.config.passes import Passes
 from autotune.memory.advice import trl_first_aid
-from autotune.memory.model import GIB, Architecture, MemoryModel
+from autotune.memory.architecture import Architecture
+from autotune.memory.calibration import MemoryModel
 from autotune.models.registry import resolve_model
+from autotune.units import GIB
 
 # Peak RSS of TRL 1.16 probes of tiny-llama on CPU (GRPO, 4 completions, beta 0.05), measured for issue 33:
 # (train batch, mini batch, prompt, completion, micro batch, checkpointing) -> GiB

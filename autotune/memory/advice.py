@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config.knobs import ProbeConfig
-from autotune.memory.model import MemoryModel
+from autotune.memory.calibration import MemoryModel
 from autotune.units import gib, round_up
 
 __all__ = ["Remedy", "first_aid", "remedies", "shorter_lengths", "switches", "trl_first_aid"]

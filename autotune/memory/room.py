@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.budget import Budget
-from autotune.memory.model import MemoryModel
+from autotune.memory.calibration import MemoryModel
 
 __all__ = ["ROOM_SHARE", "room_changes"]
 

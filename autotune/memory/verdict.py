@@ -19,8 +19,9 @@ from autotune.config.rules import (
 from autotune.formats.rollout import largest_share, pool_findings
 from autotune.formats.target import Measured, Target
 from autotune.memory.advice import first_aid, shorter_lengths, trl_first_aid
+from autotune.memory.architecture import Architecture
 from autotune.memory.budget import Budget
-from autotune.memory.model import Architecture, MemoryModel
+from autotune.memory.calibration import MemoryModel
 from autotune.memory.rollout_phase import rollout_fix, rollout_phase
 from autotune.memory.room import room_changes
 from autotune.memory.sharded import MemoryEstimate, describe, estimate_with, model_label

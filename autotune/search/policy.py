@@ -21,7 +21,7 @@ from optuna.trial import FrozenTrial
 from autotune.config.knobs import ProbeConfig, job_of, same_job
 from autotune.config.lengths import PassTokens
 from autotune.memory.budget import Budget
-from autotune.memory.model import MemoryModel, priors
+from autotune.memory.calibration import MemoryModel, priors
 from autotune.space.model import at_least_as_large
 from autotune.status import MEASURED, Attr, Status
 from autotune.study.outcome import Outcome
