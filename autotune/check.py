@@ -53,9 +53,9 @@ from autotune.config.rules import (
 from autotune.errors import UserError
 from autotune.formats.read import read_target
 from autotune.formats.target import ASSUMED, Measured, Target
+from autotune.memory.architecture import Architecture
 from autotune.memory.budget import Budget
 from autotune.memory.gpus import gpu_memory_gib, normalise
-from autotune.memory.model import Architecture
 from autotune.memory.verdict import (
     memory_findings,
 )

@@ -17,7 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.memory.model import Architecture, MemoryModel
+from autotune.memory.architecture import Architecture
+from autotune.memory.calibration import MemoryModel
 from autotune.probe.contract import ProbeSettings
 from autotune.space.model import SearchSpace
 from autotune.units import GIB

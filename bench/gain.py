@@ -66,7 +66,7 @@ import optuna
 import yaml
 
 from autotune.config.knobs import ProbeConfig, physical_cores
-from autotune.memory.model import MemoryModel
+from autotune.memory.calibration import MemoryModel
 from autotune.memory.sharded import estimate_memory
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.probe.launcher import run_probe

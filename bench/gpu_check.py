@@ -19,7 +19,7 @@ each skipped when the time left before --deadline is less than it needs:
    the first iteration ends), one at 80% of the largest probe's peak (OOM inside the iteration); both must
    be classified `oom`/`cuda`;
 4. peaks: torch's allocator peaks (reserved >= allocated > 0) against NVML's sampled device peak, per probe;
-5. memory model: autotune.memory.model's CUDA prediction against each measured peak (prior, and
+5. memory model: autotune.memory.calibration's CUDA prediction against each measured peak (prior, and
    calibrated on the other probes of the same model); the prior's error is gated (within PRIOR_GATE);
 6. study: `autotune run` end to end, 8 trials on an emulated card of 1.2 × the medium probe's peak (so the
    largest micro batches hit real OOMs; at least 10% above autotune's own floor), with its report files.

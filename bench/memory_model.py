@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 
 from autotune.config.knobs import ProbeConfig
-from autotune.memory.model import MemoryModel
+from autotune.memory.calibration import MemoryModel
 from autotune.space.model import SearchSpace, load_space
 from bench import common, fidelity
 from bench.memory_points import triples

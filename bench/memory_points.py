@@ -223,7 +223,7 @@ def load(points: Path) -> list[dict]:
 
 def check(points: Path, calibrate_on: list[str]) -> None:
     from autotune.config.knobs import ProbeConfig
-    from autotune.memory.model import MemoryModel
+    from autotune.memory.calibration import MemoryModel
     from bench.common import memory_model_for
 
     rows = load(points)
@@ -275,7 +275,7 @@ def triples(rows: list[dict], model_for) -> None:
     import itertools
 
     from autotune.config.knobs import ProbeConfig
-    from autotune.memory.model import fit_constant_and_factor
+    from autotune.memory.calibration import fit_constant_and_factor
 
     pool = [
         r for r in rows if r["model"] == "tiny-llama" and r["gpus"] == 1 and r["reward_model"] == "function"

@@ -29,7 +29,8 @@ from typing import Any
 import pandas as pd
 
 from autotune.config.knobs import ProbeConfig
-from autotune.memory.model import Architecture, MemoryModel
+from autotune.memory.architecture import Architecture
+from autotune.memory.calibration import MemoryModel
 from autotune.models.registry import resolve_model, resolve_reward_model
 from autotune.probe.contract import ProbeSettings
 from autotune.probe.launcher import run_probe

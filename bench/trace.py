@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config.knobs import ProbeConfig
-from autotune.memory.model import MemoryBreakdown
+from autotune.memory.breakdown import MemoryBreakdown
 from bench.common import RESULTS
 
 OUT = RESULTS / "trace.jsonl"
@@ -175,7 +175,8 @@ def _trace(spec: Any, reward: Any, config: ProbeConfig, gpus: int, verl_python: 
 def collect(
     out: Path, verl_python: str | None = None, only: list[str] | None = None, grid: str = "main"
 ) -> None:
-    from autotune.memory.model import Architecture, predict_components
+    from autotune.memory.architecture import Architecture
+    from autotune.memory.breakdown import predict_components
     from autotune.models.registry import resolve_model
     from autotune.probe.traced import TraceUnavailable
 
@@ -211,7 +212,8 @@ def rows_of(record: dict[str, Any]) -> list:
 
 def _analytic(record: dict[str, Any]) -> MemoryBreakdown:
     """The analytic terms by today's model (the file keeps those of the day it was collected)."""
-    from autotune.memory.model import Architecture, predict_components
+    from autotune.memory.architecture import Architecture
+    from autotune.memory.breakdown import predict_components
     from autotune.models.registry import resolve_model
 
     reward = resolve_model(record["reward"]) if record["reward"] else None

@@ -24,8 +24,9 @@ from autotune.config.knobs import ProbeConfig
 from autotune.data.lengths import LengthReport
 from autotune.formats.rollout import RolloutEngine
 from autotune.formats.verl import format_overrides, verl_overrides
+from autotune.memory.architecture import Architecture
+from autotune.memory.calibration import MemoryModel
 from autotune.memory.gpus import gpu_memory_gib, normalise
-from autotune.memory.model import Architecture, MemoryModel
 from autotune.memory.sharded import estimate_memory, held_as
 from autotune.models.registry import resolve_model
 from autotune.units import GIB

@@ -15,9 +15,10 @@ from autotune.cli import main
 from autotune.formats.read import read_target
 from autotune.formats.verl import format_overrides, verl_overrides
 from autotune.memory.advice import first_aid
+from autotune.memory.architecture import Architecture
 from autotune.memory.budget import Budget
+from autotune.memory.calibration import MemoryModel
 from autotune.memory.gpus import gpu_memory_gib
-from autotune.memory.model import Architecture, MemoryModel
 from autotune.models.names import model_name_or_path, registry_name
 from autotune.models.registry import resolve_model, resolve_reward_model
 from autotune.report.write import write_report

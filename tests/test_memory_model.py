@@ -6,14 +6,10 @@ import itertools
 import pytest
 
 from autotune.config.knobs import ProbeConfig
-from autotune.memory.model import (
-    PRIORS,
-    Architecture,
-    MemoryModel,
-    fit_constant_and_factor,
-    minimum_bytes,
-    predict_components,
-)
+from autotune.config.passes import Passes
+from autotune.memory.architecture import Architecture
+from autotune.memory.breakdown import minimum_bytes, predict_components
+from autotune.memory.calibration import PRIORS, MemoryModel, fit_constant_and_factor
 from autotune.models.registry import resolve_model
 
 GB = 10**9
@@ -115,7 +111,7 @@ def test_kv_cache_of_the_rollout_share():
     config = ProbeConfig(
         rollout_batch_size=64, train_batch_size=64, max_prompt_length=512, max_response_length=512
     )
-    b = predict_components(LLAMA_7B, config, world_size=4, device="cuda", passes="trl")
+    b = predict_components(LLAMA_7B, config, world_size=4, device="cuda", passes=Passes.TRL)
     assert b.kv_cache == 8 * GIB + 8 * GIB // 32
     assert b.generation_logits == 16 * 32000 * (2 + 4 + 4)  # bf16 logits, fp32 copy, softmax probs
 
@@ -124,7 +120,7 @@ def test_training_logits_and_activations_of_a_micro_batch():
     config = ProbeConfig(
         micro_batch_size=16, max_prompt_length=32, max_response_length=64, gradient_checkpointing=False
     )
-    b = predict_components(TINY, config, world_size=1, device="cpu", passes="trl")
+    b = predict_components(TINY, config, world_size=1, device="cpu", passes=Passes.TRL)
     # response logits 16 × 65 × 32000 × 4 B = 133.1 MB; three fp32 copies at once in backward (logits,
     # accumulated grad, next select_backward grad) + two 64 × 32000 × 4 B = 8.2 MB row temporaries
     full, row = 16 * 65 * 32000 * 4, 64 * 32000 * 4
@@ -182,7 +178,7 @@ def test_gpu_activations_and_autocast_weight_copies_of_7b():
     config = ProbeConfig(
         micro_batch_size=1, max_prompt_length=512, max_response_length=512, gradient_checkpointing=False
     )
-    b = predict_components(LLAMA_7B, config, device="cuda", passes="trl")
+    b = predict_components(LLAMA_7B, config, device="cuda", passes=Passes.TRL)
     # per token per layer under autocast: fp32 residual/norms 2×(3×4096×4 + 4096×2 bf16 cast) = 114,688;
     # bf16 attention (3×4096 + 2×4096) × 2 = 40,960 (q, k after RoPE, v, SDPA out, o_proj in); bf16 SwiGLU
     # 4×11008 × 2 = 88,064: 243,712 B ≈ 59·h (Korthikanti's 34·h is GELU with bf16 norms)
@@ -191,7 +187,7 @@ def test_gpu_activations_and_autocast_weight_copies_of_7b():
     # the bf16 copies autocast caches of the fp32 actor: all but the 32000×4096 input embedding
     assert b.update_autocast_weights == 2 * (6_738_415_616 - 32000 * 4096)
     lora = predict_components(
-        LLAMA_7B, dataclasses.replace(config, use_lora=True), device="cuda", passes="trl"
+        LLAMA_7B, dataclasses.replace(config, use_lora=True), device="cuda", passes=Passes.TRL
     )
     assert lora.update_autocast_weights == 0  # the LoRA base is bf16 already
 
@@ -200,15 +196,16 @@ def test_logits_with_a_large_vocabulary_and_on_gpu():
     qwen = dataclasses.replace(TINY, vocab=151936)
     config = ProbeConfig(micro_batch_size=16, max_response_length=64)
     full, row = 16 * 65 * 151936 * 4, 64 * 151936 * 4  # 632 MB; rows of 38.9 MB are mmapped, not kept
-    assert predict_components(qwen, config, device="cpu", passes="trl").logits == 3 * full + 2 * row
+    assert predict_components(qwen, config, device="cpu", passes=Passes.TRL).logits == 3 * full + 2 * row
     # GPU: the bf16 logits die with response_log_probs; backward holds three fp32 copies (12 B/element)
-    gpu = predict_components(qwen, config, device="cuda", passes="trl")
+    gpu = predict_components(qwen, config, device="cuda", passes=Passes.TRL)
     assert gpu.logits == 3 * full + 2 * row
     assert gpu.scoring_logits == 16 * 65 * 151936 * (2 + 4) + 2 * row  # bf16 logits + their fp32 copy
 
 
 @pytest.mark.parametrize(
-    ("passes", "phases"), [("trl", {"rollout", "scoring", "update"}), ("verl", {"scoring", "update"})]
+    ("passes", "phases"),
+    [(Passes.TRL, {"rollout", "scoring", "update"}), (Passes.VERL, {"scoring", "update"})],
 )
 def test_peak_is_static_plus_the_largest_phase_not_their_sum(passes, phases):
     b = predict_components(LLAMA_7B, ProbeConfig(), world_size=1, device="cuda", passes=passes)
@@ -238,7 +235,7 @@ ROLLOUT_TERMS = ("kv_cache",)
 @pytest.mark.parametrize("use_lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("sharding", ["replicate", "full_shard", "shard_grad_op"])
 @pytest.mark.parametrize(("knob", "values", "terms"), MONOTONE)
-@pytest.mark.parametrize("passes", ["verl", "trl"])
+@pytest.mark.parametrize("passes", [Passes.VERL, Passes.TRL])
 def test_prediction_never_decreases_when_a_memory_knob_grows(
     arch, device, use_lora, sharding, knob, values, terms, passes
 ):
@@ -257,7 +254,7 @@ def test_prediction_never_decreases_when_a_memory_knob_grows(
     predictions = [model.predict(c) for c in configs]
     assert predictions == sorted(predictions), (knob, predictions)
     # the knob's own terms grow strictly (the total only where their phase sets the peak)
-    for term in terms if passes == "trl" else [t for t in terms if t not in ROLLOUT_TERMS]:
+    for term in terms if passes.padded else [t for t in terms if t not in ROLLOUT_TERMS]:
         values = [getattr(model.breakdown(c), term) for c in configs]
         assert all(a < b for a, b in itertools.pairwise(values)), (knob, term, values)
 

@@ -14,8 +14,9 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from autotune.config.knobs import ProbeConfig
+from autotune.memory.architecture import Architecture
 from autotune.memory.budget import Budget
-from autotune.memory.model import Architecture, MemoryModel
+from autotune.memory.calibration import MemoryModel
 from autotune.models.registry import resolve_model
 from autotune.probe.contract import ProbeSettings
 from autotune.run.tuner import Tuner

@@ -10,7 +10,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.budget import Budget
-from autotune.memory.model import MemoryModel
+from autotune.memory.calibration import MemoryModel
 from autotune.search.policy import ProbeIt, decide, prediction_margin
 from autotune.status import Attr, Status
 from autotune.study.outcome import Outcome

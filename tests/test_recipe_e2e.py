@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from autotune.config.knobs import ProbeConfig
-from autotune.memory.model import Architecture, MemoryModel
+from autotune.memory.architecture import Architecture
+from autotune.memory.calibration import MemoryModel
 from autotune.models.registry import resolve_model, resolve_reward_model
 from autotune.space.model import load_space
 from autotune.space.schema import shipped_dir

@@ -322,7 +322,8 @@ def test_report_paths_are_created(tmp_path):
 
 
 def test_a_study_run_by_the_tuner_reports_its_winner(tmp_path):
-    from autotune.memory.model import Architecture, MemoryModel
+    from autotune.memory.architecture import Architecture
+    from autotune.memory.calibration import MemoryModel
     from autotune.models.registry import resolve_model
     from autotune.probe.contract import ProbeSettings
     from autotune.run.tuner import Tuner

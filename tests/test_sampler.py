@@ -10,7 +10,7 @@ import pytest
 
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.budget import Budget
-from autotune.memory.model import MemoryModel
+from autotune.memory.calibration import MemoryModel
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report import pick
 from autotune.run.tuner import Tuner

@@ -67,7 +67,8 @@ def test_full_shard_lowers_the_peak_by_the_states_the_memory_model_predicts():
     tensor by tensor, and the peak RSS drops by about what the memory model predicts (the states it sheds,
     less the weights FSDP gathers back for each phase)."""
     from autotune.config.knobs import ProbeConfig
-    from autotune.memory.model import Architecture, predict_components
+    from autotune.memory.architecture import Architecture
+    from autotune.memory.breakdown import predict_components
     from autotune.models.registry import resolve_model
 
     replicated_peak, replicated = _peak_and_states("replicate")

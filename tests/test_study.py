@@ -10,8 +10,9 @@ import optuna
 import pytest
 
 from autotune.errors import UserError
+from autotune.memory.architecture import Architecture
 from autotune.memory.budget import Budget
-from autotune.memory.model import Architecture, MemoryModel
+from autotune.memory.calibration import MemoryModel
 from autotune.models.registry import resolve_model
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report.selection import best_feasible

@@ -15,7 +15,8 @@ import torch
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.lengths import JobLengths, pass_tokens
-from autotune.memory.model import Architecture, predict_components
+from autotune.memory.architecture import Architecture
+from autotune.memory.breakdown import predict_components
 from autotune.models.registry import build_causal_lm, build_critic, resolve_model
 from autotune.probe.rank.measure import state_bytes
 from autotune.probe.rank.models import build_models

@@ -1,4 +1,4 @@
-"""The memory model of TRL 1.16's own passes (`passes="trl_fused"`: --engine trl, a TRL file checked), its
+"""The memory model of TRL 1.16's own passes (`Passes.TRL_FUSED`: --engine trl, a TRL file checked), its
 first aid in TRL's fields, and vLLM colocated in the training process."""
 
 from __future__ import annotations
@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 
 from autotune.config.knobs import ProbeConfig
+from autotune.config.passes import Passes
 from autotune.memory.advice import trl_first_aid
-from autotune.memory.model import GIB, Architecture, MemoryModel
+from autotune.memory.architecture import Architecture
+from autotune.memory.calibration import MemoryModel
 from autotune.models.registry import resolve_model
+from autotune.units import GIB
 
 # Peak RSS of TRL 1.16 probes of tiny-llama on CPU (GRPO, 4 completions, beta 0.05), measured for issue 33:
 # (train batch, mini batch, prompt, completion, micro batch, checkpointing) -> GiB
@@ -48,15 +51,15 @@ def arch() -> Architecture:
 
 def test_the_priors_predict_trls_measured_cpu_peaks(arch):
     """Uncalibrated, as `check` judges a TRL file: within 5% of every measured TRL probe."""
-    model = MemoryModel(arch, 1, "cpu", passes="trl_fused")
+    model = MemoryModel(arch, 1, "cpu", passes=Passes.TRL_FUSED)
     for key, peak in MEASURED.items():
         predicted = model.predict(config_of(*key)) / GIB
         assert abs(predicted - peak) / peak < 0.05, (key, predicted, peak)
 
 
 def test_trls_fused_head_grows_with_every_token_of_the_micro_batch_on_cpu_and_completions_on_cuda(arch):
-    cpu = MemoryModel(arch, 1, "cpu", passes="trl_fused")
-    cuda = MemoryModel(arch, 1, "cuda", passes="trl_fused")
+    cpu = MemoryModel(arch, 1, "cpu", passes=Passes.TRL_FUSED)
+    cuda = MemoryModel(arch, 1, "cuda", passes=Passes.TRL_FUSED)
     short, long = config_of(16, 16, 32, 16, 8, True), config_of(16, 16, 256, 16, 8, True)
     assert cpu.breakdown(long).logits > 4 * cpu.breakdown(short).logits  # every position scored
     assert cuda.breakdown(long).logits == cuda.breakdown(short).logits  # Triton: the completions only
@@ -64,7 +67,7 @@ def test_trls_fused_head_grows_with_every_token_of_the_micro_batch_on_cpu_and_co
 
 def test_vllm_colocated_in_trl_adds_its_share_of_the_card_to_the_peak(arch):
     card = 80 * GIB
-    model = MemoryModel(arch, 1, "cuda", rollout_card_bytes=card, passes="trl_fused")
+    model = MemoryModel(arch, 1, "cuda", rollout_card_bytes=card, passes=Passes.TRL_FUSED)
     plain = config_of(16, 16, 64, 16, 4, True)
     colocated = config_of(16, 16, 64, 16, 4, True, gpu_memory_utilization=0.3)
     assert model.colocated_pool(plain) is None and model.colocated_pool(colocated) == int(0.3 * card)
@@ -73,7 +76,7 @@ def test_vllm_colocated_in_trl_adds_its_share_of_the_card_to_the_peak(arch):
 
 
 def test_trl_first_aid_keeps_the_mini_batch_with_the_largest_micro_batch_that_fits(arch):
-    model = MemoryModel(arch, 1, "cpu", passes="trl_fused")
+    model = MemoryModel(arch, 1, "cpu", passes=Passes.TRL_FUSED)
     defaults = config_of(24, 24, 64, 16, 8, True)
     limit = 0.9 * 1.2 * GIB
     assert model.predict(defaults) > limit

@@ -17,7 +17,8 @@ from autotune.formats.read import read_target
 from autotune.formats.rollout import rollout_engine
 from autotune.formats.seed_yaml import seed_document, seed_yaml
 from autotune.formats.verl import AR, format_overrides, verl_overrides, verl_rule_violations
-from autotune.memory.model import Architecture, MemoryModel
+from autotune.memory.architecture import Architecture
+from autotune.memory.calibration import MemoryModel
 from autotune.search.policy import calibrated
 from autotune.space.model import at_least_as_large, config_to_params, sample_config, space_from_dict
 from autotune.space.specs import SpaceError

@@ -1,4 +1,5 @@
-"""The configuration a probe measures and the rules it must keep: knobs, invariants, YAML validation."""
+"""The configuration a probe measures and the rules it must keep: knobs, invariants, YAML validation, whose
+training passes."""
 
 __all__ = [
     "knobs",

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config.knobs import ProbeConfig
-from autotune.memory.model import MemoryModel
+from autotune.memory.calibration import MemoryModel
 from autotune.units import gib, round_up
 
 __all__ = ["Remedy", "first_aid", "remedies", "shorter_lengths", "switches", "trl_first_aid"]
@@ -224,7 +224,7 @@ def _halve_batches(model: MemoryModel, config: ProbeConfig, limit: float) -> tup
     """The batch knobs (verl: micro, token budgets, forward micro; else micro, rollout) halved in that order
     while the config does not fit, each only while halving it lowers the peak; one stage per knob
     (`micro_batch_size 16→4`)."""
-    order = ("micro", "budget", "forward_micro") if model.passes == "verl" else ("micro", "rollout")
+    order = ("micro", "budget", "forward_micro") if model.passes.packed else ("micro", "rollout")
     first: dict[str, ProbeConfig] = {}  # each knob halved: the config before its first halving
     current = config
     while model.predict(current) > limit:

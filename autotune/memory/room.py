@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.budget import Budget
-from autotune.memory.model import TRL_PASSES, MemoryModel
+from autotune.memory.calibration import MemoryModel
 
 __all__ = ["ROOM_SHARE", "room_changes"]
 
@@ -32,7 +32,7 @@ def room_changes(
     if peak_of(config) > card.bytes * (1 - ROOM_SHARE):
         return []
     found = []
-    for change, candidate in _candidates(config, model.world_size, trl=model.passes in TRL_PASSES):
+    for change, candidate in _candidates(config, model.world_size, trl=model.passes.padded):
         peak = int(peak_of(candidate))
         if peak <= card.limit:
             found.append((change, peak))

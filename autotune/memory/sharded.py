@@ -4,9 +4,9 @@
     estimate = estimate_with(MemoryModel(arch, 4, "cpu"), config)    # any model: the study's, calibrated
     estimate.peak, estimate.states, estimate.phases, estimate.peak_phase
 
-The probe's memory model covers every holding the probe can run (autotune.memory.model): the config carries
-its holding (sharding, offload, checkpointing, LoRA), and the peak is `MemoryModel.predict`, the number the
-study's sampler compares with its limit; here the model's terms are gathered for `check`'s report.
+The probe's memory model covers every holding the probe can run (autotune.memory.calibration): the config
+carries its holding (sharding, offload, checkpointing, LoRA), and the peak is `MemoryModel.predict`, the
+number the study's sampler compares with its limit; here the model's terms are gathered for `check`'s report.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from autotune.config.knobs import ProbeConfig
-from autotune.memory.model import Architecture, MemoryModel
+from autotune.config.passes import Passes
+from autotune.memory.architecture import Architecture
+from autotune.memory.calibration import MemoryModel
 from autotune.units import GIB, gib
 
 __all__ = ["MemoryEstimate", "describe", "estimate_memory", "estimate_with", "held_as", "model_label"]
@@ -54,7 +56,7 @@ def estimate_memory(arch: Architecture, config: ProbeConfig, gpus: int) -> Memor
 def model_label(model: MemoryModel) -> str:
     """Which memory model made a prediction: the device's priors, or calibrated on measurements."""
     device = "CUDA" if model.device == "cuda" else "CPU"
-    if model.passes == "trl_fused":
+    if model.passes is Passes.TRL_FUSED:  # a label names whose passes they are
         from autotune.formats.trl import TRL_VERSION
 
         device = f"TRL {TRL_VERSION}'s passes, {device}"

@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.lengths import JobLengths
+from autotune.config.passes import Passes
 from autotune.config.rules import (
     Finding,
 )
 from autotune.formats.rollout import largest_share, pool_findings
 from autotune.formats.target import Measured, Target
 from autotune.memory.advice import first_aid, shorter_lengths, trl_first_aid
+from autotune.memory.architecture import Architecture
 from autotune.memory.budget import Budget
-from autotune.memory.model import TRL_PASSES, Architecture, MemoryModel
+from autotune.memory.calibration import MemoryModel
 from autotune.memory.rollout_phase import rollout_fix, rollout_phase
 from autotune.memory.room import room_changes
 from autotune.memory.sharded import MemoryEstimate, describe, estimate_with, model_label
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["SEVERITY", "VERDICT_WORDS", "memory_findings", "rollout_pool_findings", "study_model"]
 
 
-def study_model(arch: Architecture, gpus: int, device: str, passes: str = "verl") -> MemoryModel:
+def study_model(arch: Architecture, gpus: int, device: str, passes: Passes = Passes.VERL) -> MemoryModel:
     """The memory model as the study builds it (`run.prepare`) before any probe: the device's priors, and the
     trainer's passes (verl's packed ones: its rollout is vLLM's pool, which the engine findings judge)."""
     return MemoryModel(arch, gpus, device, passes=passes)
@@ -42,7 +44,7 @@ def _calibrated(
     config: ProbeConfig,
     gpus: int,
     measured: Measured | None,
-    passes: str = "verl",
+    passes: Passes = Passes.VERL,
     device: str = "cuda",
 ) -> MemoryModel:
     """The model of `device` (a GPU unless the file runs on the CPU) for another card or GPU count, calibrated
@@ -65,7 +67,7 @@ def memory_findings(
     card: Budget | None,
     report: LengthReport | None,
     lengths: JobLengths | None = None,
-    passes: str = "verl",
+    passes: Passes = Passes.VERL,
 ) -> tuple[list[Finding], dict[str, Any]]:
     """The memory verdict: by the file's measurement on its device when it has one and the question is that
     device, else by the study's memory model on the card (the measurement then shown for reference), on the
@@ -118,7 +120,7 @@ def _measured_verdict(
     config: ProbeConfig,
     measured: Measured,
     report: LengthReport | None,
-    passes: str = "verl",
+    passes: Passes = Passes.VERL,
 ) -> tuple[list[Finding], dict[str, Any]]:
     """The measured peak against the budget and headroom the study recorded; the model (the device's priors,
     uncalibrated) beside it as information."""
@@ -153,7 +155,7 @@ def _measured_verdict(
 
 def _first_aid(model: MemoryModel, config: ProbeConfig, limit: float, lengths: tuple[int, int] | None) -> str:
     """The first aid in the trainer's terms: TRL's fields for a TRL file, else the seed article's knobs."""
-    if model.passes in TRL_PASSES:
+    if model.passes.padded:
         return trl_first_aid(model, config, limit, lengths)
     return first_aid(model, config, limit, lengths)
 

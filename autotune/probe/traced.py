@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.config.lengths import JobLengths, PassTokens
-from autotune.memory.model import MemoryBreakdown
+from autotune.memory.breakdown import MemoryBreakdown
 from autotune.probe.launcher import runner_path
 from autotune.units import GIB
 
@@ -464,7 +464,8 @@ def traced_check(
     the trace packs each pass's micro batch from them as the analytic model prices it. A trace that cannot
     run says why in one line. With `verl_python` (checked by `verl_trace_python`) the passes run verl's
     per-token functions."""
-    from autotune.memory.model import Architecture, predict_components
+    from autotune.memory.architecture import Architecture
+    from autotune.memory.breakdown import predict_components
 
     lengths = lengths or JobLengths()
     estimate, _ = trace_estimate(actor_spec, config, world_size, lengths)

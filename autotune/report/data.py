@@ -30,8 +30,10 @@ from autotune.formats.trl import trl_config_text
 from autotune.formats.verl import VerlOverrides, verl_overrides
 from autotune.formats.verl_defaults import ExportedKnob, exported_knobs
 from autotune.memory.advice import remedies
+from autotune.memory.architecture import DEVICES, Architecture
+from autotune.memory.breakdown import predict_components
 from autotune.memory.budget import Budget
-from autotune.memory.model import DEVICES, PRIORS, Architecture, predict_components
+from autotune.memory.calibration import PRIORS
 from autotune.models.names import verl_model_path
 from autotune.probe.conditions import disturbance, worst_disturbance
 from autotune.report import gain, pick

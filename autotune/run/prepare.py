@@ -26,7 +26,7 @@ from autotune.config.numbers import MAX_SECONDS, is_int, parse_float
 from autotune.config.schema import show
 from autotune.errors import UserError
 from autotune.memory.budget import Budget
-from autotune.memory.model import MemoryModel
+from autotune.memory.calibration import MemoryModel
 from autotune.probe.contract import ProbeSettings
 from autotune.space.model import SearchSpace, batch_value_problem, space_from_dict
 from autotune.space.specs import MINI, OFFLOAD_KNOBS, SYSTEM_KNOBS, TP, TRAIN
@@ -190,7 +190,7 @@ def prepare(options: RunOptions, console: Console, cluster: Any = None, job: Any
     `cluster`: the Ray cluster joined for --ray (autotune.probe.cluster.connect.Cluster), or None; `job`:
     the file of --from (autotune.run.from_file.JobFile), or None."""
     from autotune.config.rules import position_findings, raise_for
-    from autotune.memory.model import Architecture
+    from autotune.memory.architecture import Architecture
     from autotune.models.registry import resolve_model, resolve_reward_model
     from autotune.probe.devices import device_label
 

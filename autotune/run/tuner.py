@@ -19,7 +19,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.budget import Budget
-from autotune.memory.model import MemoryModel
+from autotune.memory.calibration import MemoryModel
 from autotune.probe.conditions import disturbance
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.search import policy

@@ -81,7 +81,8 @@ def worker_settings(
 
 def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     from autotune.files import make_folder
-    from autotune.memory.model import Architecture, MemoryModel
+    from autotune.memory.architecture import Architecture
+    from autotune.memory.calibration import MemoryModel
     from autotune.models.registry import resolve_model, resolve_reward_model
     from autotune.probe.devices import device_label, resolve_device
     from autotune.run.live import RUN_LOG, Narrator

@@ -21,7 +21,7 @@ from optuna.trial import FrozenTrial
 from autotune.config.knobs import ProbeConfig, job_of, same_job
 from autotune.config.lengths import PassTokens
 from autotune.memory.budget import Budget
-from autotune.memory.model import TRL_PASSES, MemoryModel, priors
+from autotune.memory.calibration import MemoryModel, priors
 from autotune.space.model import at_least_as_large
 from autotune.status import MEASURED, Attr, Status
 from autotune.study.outcome import Outcome
@@ -100,7 +100,7 @@ def calibrated(prior: MemoryModel, trials: Sequence[FrozenTrial]) -> tuple[Memor
     Under --engine verl it stays at its priors: a verl probe's peak is the GPUs' (NVML), vLLM's pool and
     processes included, not the training side the model predicts."""
     fresh = prior.with_calibration(*priors(prior.device, prior.passes))
-    if prior.rollout_card_bytes is not None and prior.passes not in TRL_PASSES:
+    if prior.rollout_card_bytes is not None and prior.passes.packed:
         return fresh, 0
     points = [_point(t) for t in trials if measured_ok(t)]
     return fresh.calibrate(points), len(points)

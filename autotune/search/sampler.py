@@ -32,7 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.budget import Budget
-from autotune.memory.model import MemoryModel
+from autotune.memory.calibration import MemoryModel
 from autotune.search.policy import calibrated
 from autotune.search.surrogate import Observation, SpeedModel
 from autotune.space.model import (

@@ -489,7 +489,8 @@ def trace_memory(
     layout, an architecture whose code reads tensor values, a process group already running here."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from autotune.memory.model import Architecture, predict_components
+    from autotune.memory.architecture import Architecture
+    from autotune.memory.breakdown import predict_components
     from autotune.probe.rank import ppo
     from autotune.probe.rank.models import build_models
     from autotune.probe.rank.sharding import device_mesh
