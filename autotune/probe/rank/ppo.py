@@ -20,6 +20,7 @@ device for the phases that use them, as verl's workers load and offload around e
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections import defaultdict
@@ -49,8 +50,10 @@ __all__ = [
     "PASSES",
     "Models",
     "StepContext",
+    "actor_loss",
     "advantages",
     "barrier",
+    "critic_loss",
     "iteration",
     "response_log_probs",
     "response_values",
@@ -59,6 +62,7 @@ __all__ = [
     "score",
     "synchronize",
     "timed",
+    "train_epoch",
     "unwrap",
     "update",
     "warmup_config",
@@ -462,7 +466,9 @@ def _no_sync(model: torch.nn.Module, last: bool):
     return nullcontext()
 
 
-def _actor_loss(models: Models, ctx: StepContext, batch: dict, idx: list[int]) -> torch.Tensor:
+def actor_loss(models: Models, ctx: StepContext, batch: dict, idx: list[int]) -> torch.Tensor:
+    """The actor's loss on the micro batch `idx`: the clipped policy loss, plus GRPO's KL term with use_kl
+    (public: the memory trace runs the actor's update pass through it)."""
     c = ctx.config
     log_probs, _ = batch["layout"].log_probs(models.actor, ctx, idx)
     mask = batch["response_mask"][idx]
@@ -472,24 +478,37 @@ def _actor_loss(models: Models, ctx: StepContext, batch: dict, idx: list[int]) -
     return loss
 
 
-def _critic_loss(models: Models, ctx: StepContext, batch: dict, idx: list[int]) -> torch.Tensor:
+def critic_loss(models: Models, ctx: StepContext, batch: dict, idx: list[int]) -> torch.Tensor:
+    """The critic's clipped value loss on the micro batch `idx` (public: the memory trace runs the critic's
+    update pass through it)."""
     assert models.critic is not None  # update trains the critic only when there is one
     values = batch["layout"].values(models.critic, ctx, idx)
     old, returns, mask = batch["values"][idx], batch["returns"][idx], batch["response_mask"][idx]
     return ctx.math.value_loss(values, old, returns, mask)
 
 
-def _train(
-    model, optimizer, loss_fn, ctx: StepContext, batch: dict, generator: torch.Generator, kind: str = "update"
+def train_epoch(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable[[StepContext, dict, list[int]], torch.Tensor],
+    ctx: StepContext,
+    batch: dict,
+    generator: torch.Generator,
+    kind: str = "update",
+    keep_gradients: bool = False,
 ) -> None:
     """One epoch over the mini-batches, one optimizer step each; a micro batch's loss weighs its share of the
-    mini batch's response tokens (token-mean over the mini batch, as verl aggregates)."""
+    mini batch's response tokens (token-mean over the mini batch, as verl aggregates). `loss_fn(ctx, batch,
+    idx)`: `actor_loss` or `critic_loss` with the models bound. `keep_gradients` skips each step's
+    zero_grad: the memory trace runs one micro batch as a later one of an accumulation step, which starts
+    with the gradients the earlier ones left."""
     layout: Layout = batch["layout"]
     with offloaded(ctx.config, ctx.device, unwrap(model), optimizer):
         for number, mini in enumerate(_mini_batches(ctx, generator)):
             micro_batches = layout.micro_batches(ctx, mini, number == 0, kind)
             tokens = max(1, layout.response_tokens(mini))
-            optimizer.zero_grad(set_to_none=True)
+            if not keep_gradients:
+                optimizer.zero_grad(set_to_none=True)
             for j, idx in enumerate(micro_batches):
                 _count(ctx, batch, kind, idx)
                 with _no_sync(model, last=j == len(micro_batches) - 1):
@@ -500,22 +519,11 @@ def _train(
 def update(models: Models, ctx: StepContext, batch: dict, generator: torch.Generator) -> None:
     """verl's order: the critic first (when there is one), then the actor; one PPO epoch."""
     if models.critic is not None:
-        _train(
-            models.critic,
-            models.critic_optimizer,
-            lambda cx, b, i: _critic_loss(models, cx, b, i),
-            ctx,
-            batch,
-            generator,
-            "critic update",
-        )
-    _train(
-        models.actor,
-        models.actor_optimizer,
-        lambda cx, b, i: _actor_loss(models, cx, b, i),
-        ctx,
-        batch,
-        generator,
+        assert models.critic_optimizer is not None  # a critic is built with its optimizer
+        critic = functools.partial(critic_loss, models)
+        train_epoch(models.critic, models.critic_optimizer, critic, ctx, batch, generator, "critic update")
+    train_epoch(
+        models.actor, models.actor_optimizer, functools.partial(actor_loss, models), ctx, batch, generator
     )
 
 

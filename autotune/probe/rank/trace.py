@@ -3,14 +3,14 @@
     trace = trace_memory(resolve_model("llama-2-7b"), None, config, world_size=2)   # ~20 s on 2 cores
     trace.peak("update"), trace.phases[0].parts, trace.states
 
-The probe's own code runs (`autotune.probe.rank.models.build_models`, `ppo.score`'s forwards, `ppo._train`),
-its per-token math by `math` (autotune's functions, or verl's in verl's environment: `pass_math`), with every
-tensor fake: shapes, dtypes and devices are real, storage is not. Torch's memory trackers
-(`FSDPMemTracker` for sharded models, `MemTracker` otherwise) count every storage each phase allocates and
-frees. The layout is a GPU run's by default: trainable fp32 weights, frozen bf16, FSDP2's bf16 mixed
-precision and autocast, over a fake process group of W ranks (the tensors sit on the host, so the reference's
-shards, which a GPU run keeps on the host, are left out of the device's bytes). `layout="cpu"` is the CPU
-probe's (everything fp32): the one a CPU probe can check.
+The probe's own code runs (`autotune.probe.rank.models.build_models`, `ppo.score`'s forwards,
+`ppo.train_epoch`), its per-token math by `math` (autotune's functions, or verl's in verl's environment:
+`pass_math`), with every tensor fake: shapes, dtypes and devices are real, storage is not. Torch's memory
+trackers (`FSDPMemTracker` for sharded models, `MemTracker` otherwise) count every storage each phase
+allocates and frees. The layout is a GPU run's by default: trainable fp32 weights, frozen bf16, FSDP2's bf16
+mixed precision and autocast, over a fake process group of W ranks (the tensors sit on the host, so the
+reference's shards, which a GPU run keeps on the host, are left out of the device's bytes). `layout="cpu"` is
+the CPU probe's (everything fp32): the one a CPU probe can check.
 
 What is not traced, and why:
 - rollout: Hugging Face `generate` stops on tensor values (end of sequence, stopping criteria), which a fake
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import time
 import warnings
@@ -359,8 +360,8 @@ def _traced_passes(
 def _one_step(config: ProbeConfig, samples: int, world_size: int) -> ProbeConfig:
     """One fixed micro batch of `samples` and one optimizer step: with accumulation, every micro-batch after
     the first starts with the gradients the first left, so one micro-batch run with them in place
-    (`_gradients_kept`) holds what each later one does; without it, the step's zero_grad frees them first, as
-    in the probe."""
+    (`ppo.train_epoch`'s keep_gradients) holds what each later one does; without it, the step's zero_grad
+    frees them first, as in the probe."""
     return dataclasses.replace(
         config,
         train_batch_size=samples * world_size,
@@ -372,18 +373,6 @@ def _one_step(config: ProbeConfig, samples: int, world_size: int) -> ProbeConfig
         log_prob_max_token_len_per_gpu=None,
         critic_max_token_len_per_gpu=None,
     )
-
-
-@contextlib.contextmanager
-def _gradients_kept(optimizer: torch.optim.Optimizer, accumulating: bool) -> Iterator[None]:
-    """With accumulation, the traced micro-batch is a later one: the gradients stay (see `_one_step`)."""
-    from unittest import mock
-
-    if not accumulating:
-        yield
-        return
-    with mock.patch.object(optimizer, "zero_grad", lambda *_, **__: None):
-        yield
 
 
 def _passes(
@@ -430,8 +419,8 @@ def _passes(
         accumulating = micro_tokens < micro_batch_tokens(config, lengths, mini)  # more micro batches follow
 
         def run() -> None:
-            with _gradients_kept(optimizer, accumulating), torch.enable_grad():
-                ppo._train(model, optimizer, loss, step, micro, generator)
+            with torch.enable_grad():
+                ppo.train_epoch(model, optimizer, loss, step, micro, generator, keep_gradients=accumulating)
 
         return run
 
@@ -458,12 +447,12 @@ def _passes(
         )
         yield "reward", models.reward, None, lambda: ppo.reward_scores(models, scored, share)
     if models.critic is not None:
-        critic_loss = lambda cx, b, i: ppo._critic_loss(models, cx, b, i)  # noqa: E731
+        critic_loss = functools.partial(ppo.critic_loss, models)
         update = trained(
             models.critic, models.critic_optimizer, critic_loss, "critic_update", tokens.critic_update
         )
         yield "critic update", models.critic, models.critic_optimizer, update
-    actor_loss = lambda cx, b, i: ppo._actor_loss(models, cx, b, i)  # noqa: E731
+    actor_loss = functools.partial(ppo.actor_loss, models)
     update = trained(models.actor, models.actor_optimizer, actor_loss, "update", tokens.update)
     yield "actor update", models.actor, models.actor_optimizer, update
 
