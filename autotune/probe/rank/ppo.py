@@ -1,15 +1,16 @@
 """One PPO/GRPO iteration as the target trainer runs it: rollout, scoring, advantages, update (docs/design.md,
 "The probe").
 
-Two trainers' passes (`StepContext.passes`):
-- "verl": the training passes as verl runs them on the user's data. The rollout is synthetic: prompts from
-  the data, responses of the data's lengths (`autotune.config.lengths`), since verl generates in vLLM at its
-  own pace and that time carries over to nothing here. Micro batches are packed without padding
+Two trainers' passes (`StepContext.passes`, one of `PASSES`), told apart by asking the schedule (`packed`):
+- `Passes.VERL`, packed: the training passes as verl runs them on the user's data. The rollout is synthetic:
+  prompts from the data, responses of the data's lengths (`autotune.config.lengths`), since verl generates in
+  vLLM at its own pace and that time carries over to nothing here. Micro batches are packed without padding
   (`autotune.probe.rank.packing`), the logits come out for every packed token, the old log-prob pass computes
   the entropy (verl's `calculate_entropy`), and micro batches are fixed or cut by token budgets
   (`use_dynamic_bsz`). The iteration's seconds are the training phases': scoring, advantages, update.
-- "trl": TRL's GRPOTrainer's way: Hugging Face `generate` forced to max_response_length, padded rows, the
-  logits of the response positions only (`logits_to_keep`). Generation is a phase of that trainer: timed in.
+- `Passes.TRL`, padded: TRL's GRPOTrainer's way: Hugging Face `generate` forced to max_response_length, padded
+  rows, the logits of the response positions only (`logits_to_keep`). Generation is a phase of that trainer:
+  timed in.
 
 Runs inside a probe rank (the runner program imports it). Each rank works on its share of the global batch;
 gradients of the trainable models are averaged by DDP or FSDP (autotune.probe.rank.sharding), so W ranks do
@@ -34,6 +35,7 @@ import torch.distributed as dist
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.lengths import JobLengths, pass_tokens
+from autotune.config.passes import Passes
 from autotune.probe.rank import rl_math
 from autotune.probe.rank.packing import (
     PassPacking,
@@ -69,7 +71,7 @@ __all__ = [
 ]
 
 GAMMA, LAM = 1.0, 1.0  # verl's defaults
-PASSES = ("verl", "trl")  # whose training passes a probe runs (module docstring)
+PASSES = (Passes.VERL, Passes.TRL)  # the schedules the built-in probe runs (module docstring)
 
 
 @dataclass
@@ -92,13 +94,16 @@ class StepContext:
     pad_token_id: int
     compute_dtype: torch.dtype | None = None  # autocast dtype on GPU (bf16); None on CPU
     phases: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    passes: str = "verl"  # one of PASSES
+    passes: Passes = Passes.VERL  # one of PASSES
     lengths: JobLengths = field(default_factory=JobLengths)  # the job's lengths (verl passes)
     vocab: int = 32000  # the actor's vocabulary: the synthetic responses' tokens
     # what each pass packed, over the measured iterations (verl passes)
     packing: dict[str, PassPacking] = field(default_factory=lambda: defaultdict(PassPacking))
     generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
     math: PassMath = AUTOTUNE  # whose per-token functions the verl passes run (autotune.probe.rank.pass_math)
+
+    def __post_init__(self) -> None:
+        self.passes = Passes(self.passes)  # a job's string ("verl", "trl") becomes the schedule it names
 
     def autocast(self):
         if self.compute_dtype is None:
@@ -243,7 +248,7 @@ def _budget(config: ProbeConfig, update: bool, critic: bool) -> int:
 
 def rollout(models: Models, ctx: StepContext, prompt_batches: Iterator[dict[str, torch.Tensor]]) -> dict:
     """The rank's T/W samples: synthetic ones of the job's lengths (verl passes) or generated (TRL passes)."""
-    if ctx.passes == "verl":
+    if ctx.passes.packed:  # verl's schedule: its rollout is vLLM's, timed apart (module docstring)
         return synthetic_rollout(ctx, prompt_batches)
     return generated_rollout(models, ctx, prompt_batches)
 
@@ -409,7 +414,7 @@ def score(models: Models, ctx: StepContext, batch: dict) -> None:
     batch["scores"] = reward_scores(models, ctx, batch)
     with offloaded(c, ctx.device, actor):
         # verl's old log-prob pass computes the entropy (calculate_entropy), its reference pass does not
-        old = _log_prob_pass(actor, ctx, batch, ctx.passes == "verl", "forward")
+        old = _log_prob_pass(actor, ctx, batch, ctx.passes.packed, "forward")
         batch["old_log_probs"] = old["log_probs"]
         if "entropy" in old:
             batch["entropy"] = old["entropy"]
@@ -449,7 +454,7 @@ def _mini_batches(ctx: StepContext, generator: torch.Generator) -> Iterator[list
     """Mini-batches of micro_batch_size × gradient_accumulation_steps samples per rank: consecutive, as verl
     (actor.shuffle: false); shuffled for TRL's passes."""
     c = ctx.config
-    if ctx.passes == "verl":
+    if ctx.passes.packed:
         order = list(range(ctx.samples_per_rank))
     else:
         order = torch.randperm(ctx.samples_per_rank, generator=generator).tolist()
@@ -535,7 +540,7 @@ def iteration(models: Models, ctx: StepContext, prompt_batches, generator: torch
     start = time.perf_counter()
     with timed(ctx, "rollout"):
         batch = rollout(models, ctx, prompt_batches)
-    if ctx.passes == "verl":
+    if ctx.passes.packed:
         barrier(ctx)
         start = time.perf_counter()
     with timed(ctx, "scoring"):
