@@ -45,7 +45,7 @@ from autotune.probe.rank.trace_resident import (
     resident_states,
     trained_states,
 )
-from autotune.probe.traced import BUILT, PROGRESS_KEY, MemoryTrace, PhasePeak, TraceUnavailable
+from autotune.probe.traced import BUILT, PROGRESS_KEY, MathSource, MemoryTrace, PhasePeak, TraceUnavailable
 
 __all__ = ["LAYOUTS", "main", "trace_memory"]
 
@@ -552,8 +552,9 @@ def _say_pass(name: str, seconds: float) -> None:
     print(json.dumps({PROGRESS_KEY: name, "seconds": round(seconds, 1)}), file=sys.stderr, flush=True)
 
 
-def _pass_math(whose: str) -> PassMath:
-    if whose == "verl":
+def _pass_math(whose: MathSource) -> PassMath:
+    """The table of `whose` functions; verl's imports verl (this process must be verl's python)."""
+    if whose is MathSource.VERL:
         from autotune.probe.rank.verl_math import verl_math
 
         return verl_math()
@@ -564,7 +565,8 @@ def main(argv: list[str] | None = None) -> int:
     """runners/memory_trace.py JOB: JOB is JSON {"model", "reward", "trust_remote_code", "config",
     "world_size", "layout", "pass_math", "lengths"}; prints the trace as JSON, or {"failed": why} when it
     cannot run. "lengths" (JobLengths' dict; null: the limits) are what the micro batches are packed from;
-    "pass_math": "verl" runs verl's functions (this process must be verl's python), else autotune's."""
+    "pass_math" (MathSource's value): "verl" runs verl's functions (this process must be verl's python),
+    "autotune" (or none) autotune's."""
     import json
     import sys
 
@@ -577,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         reward = resolve_model(job["reward"], trust_remote_code=trusted) if job.get("reward") else None
         config = ProbeConfig(**job["config"])
         lengths = JobLengths.from_dict(job.get("lengths"))
-        math = _pass_math(job.get("pass_math", "autotune"))
+        math = _pass_math(MathSource(job.get("pass_math", MathSource.AUTOTUNE)))
         world, layout = int(job["world_size"]), job["layout"]
         trace = trace_memory(spec, reward, config, world, layout, lengths, math, _say_pass)
     except TraceUnavailable as error:
