@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.lengths import JobLengths
@@ -161,16 +162,30 @@ def _rollout_buffer(config: ProbeConfig, world_size: int) -> list[torch.Tensor]:
 
 
 @contextlib.contextmanager
+def _swapped(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """`owner.name` (a module's function, a class's method: its own attribute, not an inherited one) is
+    `value` for the block, then what it was. Only for a library the trace runs that calls a function by its
+    module's or class's name and takes no argument to call another: each use says which line needs it."""
+    original = vars(owner)[name]
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+@contextlib.contextmanager
 def _attention_without_packing_masks() -> Iterator[None]:
     """Hugging Face finds packed sequences by reading the position ids' values (a fake tensor has none) and
     then builds a block-diagonal mask of tokens² bytes; a GPU run of verl attends within each sequence with
     flash-attn's varlen kernels, which hold no mask. The trace attends over the packed row as one causal
     sequence: the same bytes as the varlen kernels (none in scores), other numbers (which it never reads)."""
-    from unittest import mock
-
     import transformers.masking_utils as masking
 
-    with mock.patch.object(masking, "find_packed_sequence_indices", lambda *_, **__: None):
+    # transformers' masking_utils._preprocess_mask_arguments calls the module's
+    # `find_packed_sequence_indices(position_ids)` whenever a forward has position ids and no attention mask
+    # (verl's packed forward, and the probe's: ppo.PackedLayout); no argument of the model turns that off.
+    with _swapped(masking, "find_packed_sequence_indices", lambda *_, **__: None):
         yield
 
 
@@ -180,10 +195,9 @@ def _conversions_that_rebind() -> Iterator[None]:
     (swap_tensors needs the only reference). In the trace a conversion builds new parameters and rebinds
     them instead: the same result for modules no optimizer holds yet (peft casts each new adapter to its
     base layer's dtype, then back to fp32)."""
-    from unittest import mock
 
     def to(module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
-        device, dtype, *_ = torch._C._nn._parse_to(*args, **kwargs)
+        device, dtype, *_ = torch._C._nn._parse_to(*args, **kwargs)  # Module.to's own argument parsing
 
         def convert(t: torch.Tensor) -> torch.Tensor:
             cast = dtype if dtype is not None and t.is_floating_point() else t.dtype
@@ -198,8 +212,20 @@ def _conversions_that_rebind() -> Iterator[None]:
                     sub._buffers[name] = convert(buffer)
         return module
 
-    with mock.patch.object(torch.nn.Module, "to", to):
+    # torch.nn.Module._apply swaps every FakeTensor parameter by torch.utils.swap_tensors whatever
+    # torch.__future__'s flags say (`or isinstance(param, FakeTensor)` in its p_should_use_swap_tensors,
+    # torch 2.13), and peft calls `.to` itself on each adapter it builds: no argument reaches those calls.
+    with _swapped(torch.nn.Module, "to", to):
         yield
+
+
+def _fsdp_lazy_init(root: FSDPModule) -> None:
+    """FSDP2's lazy initialisation of a root module (the root state marked, its context shared with the other
+    states, each parameter group initialised), which torch runs in the root's first forward; the warm-up
+    steps the optimizer before any forward, on models as an iteration leaves them. torch has no public call
+    for it (FSDPModule offers unshard and reshard, which skip the root's part), so this calls torch's private
+    one: `FSDPState._lazy_init` (torch/distributed/fsdp/_fully_shard/_fsdp_state.py)."""
+    root._get_fsdp_state()._lazy_init()
 
 
 def _warm_up(models: Any, layout: str) -> None:
@@ -207,14 +233,12 @@ def _warm_up(models: Any, layout: str) -> None:
     gradients stay allocated, as after the previous iteration's last step (the steady state a probe
     measures). The GPU layout steps AdamW as torch does on CUDA, all tensors at once (foreach); the host's
     tensors would otherwise take torch's CPU default, one tensor at a time."""
-    from torch.distributed.fsdp import FSDPModule
-
     from autotune.probe.rank.sharding import hf_model
 
     for model in (models.actor, models.ref, models.critic):
         root = hf_model(model) if model is not None else None
         if isinstance(root, FSDPModule):
-            root._get_fsdp_state()._lazy_init()
+            _fsdp_lazy_init(root)
     for optimizer in (models.actor_optimizer, models.critic_optimizer):
         if optimizer is None:
             continue
@@ -233,7 +257,6 @@ def _tracker(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
     the peak over all modules (their per-module peaks, which the trace does not read, cost half its time)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.distributed.fsdp import FSDPModule
 
     from autotune.probe.rank.sharding import hf_model
 
