@@ -3,14 +3,15 @@
     trace = trace_memory(resolve_model("llama-2-7b"), None, config, world_size=2)   # ~20 s on 2 cores
     trace.peak("update"), trace.phases[0].parts, trace.states
 
-The probe's own code runs (`autotune.probe.rank.models.build_models`, `ppo.score`'s forwards,
-`ppo.train_epoch`), its per-token math by `math` (autotune's functions, or verl's in verl's environment:
-`pass_math`), with every tensor fake: shapes, dtypes and devices are real, storage is not. Torch's memory
-trackers (`FSDPMemTracker` for sharded models, `MemTracker` otherwise) count every storage each phase
-allocates and frees. The layout is a GPU run's by default: trainable fp32 weights, frozen bf16, FSDP2's bf16
-mixed precision and autocast, over a fake process group of W ranks (the tensors sit on the host, so the
-reference's shards, which a GPU run keeps on the host, are left out of the device's bytes). `layout="cpu"` is
-the CPU probe's (everything fp32): the one a CPU probe can check.
+The probe's own code runs (`autotune.probe.rank.models.build_models`, then `ppo.score`'s forwards and
+`ppo.train_epoch`, each pass on its largest micro batch: autotune.probe.rank.trace_passes), its per-token math
+by `math` (autotune's functions, or verl's in verl's environment: `pass_math`), with every tensor fake:
+shapes, dtypes and devices are real, storage is not. Torch's memory trackers (`FSDPMemTracker` for sharded
+models, `MemTracker` otherwise) count every storage each phase allocates and frees. The layout is a GPU run's
+by default: trainable fp32 weights, frozen bf16, FSDP2's bf16 mixed precision and autocast, over a fake
+process group of W ranks (the tensors sit on the host, so the reference's shards, which a GPU run keeps on the
+host, are left out of the device's bytes). `layout="cpu"` is the CPU probe's (everything fp32): the one a CPU
+probe can check.
 
 What is not traced, and why:
 - rollout: Hugging Face `generate` stops on tensor values (end of sequence, stopping criteria), which a fake
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import gc
 import time
 import warnings
@@ -40,6 +40,8 @@ from torch.distributed.fsdp import FSDPModule
 from autotune.config.knobs import ProbeConfig
 from autotune.config.lengths import JobLengths
 from autotune.probe.rank.pass_math import AUTOTUNE, PassMath
+from autotune.probe.rank.ppo import Models, StepContext
+from autotune.probe.rank.trace_passes import HOST, rollout_buffer, training_passes
 from autotune.probe.rank.trace_resident import (
     device_side,
     on_device,
@@ -51,7 +53,6 @@ from autotune.probe.traced import BUILT, PROGRESS_KEY, MathSource, MemoryTrace, 
 __all__ = ["LAYOUTS", "main", "trace_memory"]
 
 LAYOUTS = ("cuda", "cpu")
-HOST = torch.device("cpu")
 # the tracker's categories (FSDPMemTracker's and MemTracker's names), folded into the report's terms
 CATEGORIES = {
     "weights": ("Sharded Param", "Parameter", "Buffer"),
@@ -99,66 +100,6 @@ def _refuse(config: ProbeConfig, layout: str) -> None:
             "offload is verl's FSDP move on a GPU: a replicated or CPU-layout config with offload is not "
             "traced; the analytic model stands"
         )
-
-
-# --- building what the probe holds ------------------------------------------------------------------------
-
-
-def _micro_batch(config: ProbeConfig, tokens: int, lengths: Any) -> Any:
-    """A packed micro batch of `tokens` tokens (autotune.probe.rank.packing.Rollout): as many samples as the
-    job's mean sequence puts in it (the data's, or the limits' at the limits), none longer than the limits
-    allow, their tokens split between prompt and response as the job's means split them. What a pass holds
-    grows with its tokens, not with how they are split into sequences (flash-attn's varlen kernels, and the
-    logits of every packed token); the samples' count sizes the per-sample tensors beside them."""
-    from autotune.probe.rank.packing import Rollout
-
-    prompt = float(lengths.prompt_lengths(config.max_prompt_length).mean())
-    response = float(lengths.response_lengths(config.max_response_length).mean())
-    samples = max(1, min(round(tokens / (prompt + response)), tokens // 2))
-    samples = max(samples, -(-tokens // config.sequence_length))  # no sample over Lp + Lr
-    sizes = [tokens // samples + (1 if i < tokens % samples else 0) for i in range(samples)]
-    prompt_sizes = [_prompt_share(config, size, prompt / (prompt + response)) for size in sizes]
-    return Rollout(
-        [torch.zeros(p, dtype=torch.long) for p in prompt_sizes],
-        [torch.zeros(max(1, s - p), dtype=torch.long) for s, p in zip(sizes, prompt_sizes, strict=True)],
-        config.max_response_length,
-    )
-
-
-def _prompt_share(config: ProbeConfig, size: int, share: float) -> int:
-    """A sample's prompt tokens: its share of `size`, within the prompt limit, leaving the response at most
-    its limit and at least one token."""
-    prompt = min(config.max_prompt_length, max(1, round(size * share)))
-    return max(1, min(max(prompt, size - config.max_response_length), size - 1))
-
-
-def _batch_of(config: ProbeConfig, micro: Any) -> dict[str, Any]:
-    """The rollout buffer's keys `ppo.score`, `advantages` and `update` read, for one micro batch (zeros: a
-    fake tensor's values are never read)."""
-    from autotune.probe.rank.ppo import PackedLayout
-
-    responses, mask = micro.padded_responses(HOST)
-    keys = ["old_log_probs", "advantages"]
-    keys += ["ref_log_probs"] if config.use_kl else []
-    keys += ["values", "returns"] if config.algorithm == "ppo" else []
-    samples = len(micro)
-    return {
-        "layout": PackedLayout(micro),
-        "responses": responses,
-        "response_mask": mask,
-        "scores": torch.zeros(samples),
-        **{key: torch.zeros(samples, config.max_response_length) for key in keys},
-    }
-
-
-def _rollout_buffer(config: ProbeConfig, world_size: int) -> list[torch.Tensor]:
-    """The rank's rollout on the device, as the probe keeps it through the iteration: a score per sample; per
-    response token the padded ids, mask, old log-probs, entropy and advantages, the reference's log-probs
-    with KL, values and returns for PPO. (Each sample's own tokens stay on the host until packed.)"""
-    samples, length = config.train_batch_size // world_size, config.max_response_length
-    floats = 4 + config.use_kl + 2 * (config.algorithm == "ppo")
-    ids = torch.zeros(samples, length, dtype=torch.long)
-    return [torch.zeros(samples), ids, *(torch.zeros(samples, length) for _ in range(floats))]
 
 
 @contextlib.contextmanager
@@ -228,7 +169,7 @@ def _fsdp_lazy_init(root: FSDPModule) -> None:
     root._get_fsdp_state()._lazy_init()
 
 
-def _warm_up(models: Any, layout: str) -> None:
+def _warm_up(models: Models, layout: str) -> None:
     """FSDP's lazy initialisation done, and one optimizer step on zero gradients: Adam's states exist and the
     gradients stay allocated, as after the previous iteration's last step (the steady state a probe
     measures). The GPU layout steps AdamW as torch does on CUDA, all tensors at once (foreach); the host's
@@ -380,106 +321,6 @@ def _traced_passes(
     return peaks
 
 
-def _one_step(config: ProbeConfig, samples: int, world_size: int) -> ProbeConfig:
-    """One fixed micro batch of `samples` and one optimizer step: with accumulation, every micro-batch after
-    the first starts with the gradients the first left, so one micro-batch run with them in place
-    (`ppo.train_epoch`'s keep_gradients) holds what each later one does; without it, the step's zero_grad
-    frees them first, as in the probe."""
-    return dataclasses.replace(
-        config,
-        train_batch_size=samples * world_size,
-        micro_batch_size=samples,
-        gradient_accumulation_steps=1,
-        log_prob_micro_batch_size=None,
-        use_dynamic_bsz=False,
-        ppo_max_token_len_per_gpu=None,
-        log_prob_max_token_len_per_gpu=None,
-        critic_max_token_len_per_gpu=None,
-    )
-
-
-def _passes(
-    models: Any,
-    ctx: Any,
-    config: ProbeConfig,
-    world_size: int,
-    lengths: Any,
-    built: dict[str, int] | None = None,
-):
-    """(name, model, optimizer, run) of each training pass the probe makes, in its order, each on its largest
-    micro batch (autotune.config.lengths.pass_tokens): verl's packed passes. `built`, when given, gets the
-    tokens of each micro batch made (PassTokens' names), priced alike by the analytic model."""
-    from autotune.config.lengths import micro_batch_tokens, pass_tokens
-    from autotune.probe.rank import ppo
-
-    tokens = pass_tokens(config, lengths, world_size)
-    actor = ppo.unwrap(models.actor)
-
-    def batch(kind: str, micro_tokens: int) -> dict[str, Any]:
-        made = _batch_of(config, _micro_batch(config, micro_tokens, lengths))
-        if built is not None:
-            built[kind] = sum(made["layout"].rollout.lengths)
-        return made
-
-    forward = batch("forward", tokens.forward)
-    everyone = list(range(len(forward["layout"].rollout)))
-
-    def log_probs(model: torch.nn.Module, entropy: bool) -> Callable[[], Any]:
-        return lambda: forward["layout"].log_probs(model, ctx, everyone, entropy)
-
-    def without_adapters() -> Any:
-        peft_model: Any = actor  # peft's wrapper (untyped): disable_adapter is peft's
-        with peft_model.disable_adapter():
-            return log_probs(actor, False)()
-
-    def trained(
-        model: torch.nn.Module, optimizer: Any, loss: Callable, kind: str, micro_tokens: int
-    ) -> Callable[[], Any]:
-        micro = batch(kind, micro_tokens)
-        step = dataclasses.replace(ctx, config=_one_step(config, len(micro["layout"].rollout), world_size))
-        generator = torch.Generator().manual_seed(0)
-        mini = config.micro_batch_size * config.gradient_accumulation_steps
-        accumulating = micro_tokens < micro_batch_tokens(config, lengths, mini)  # more micro batches follow
-
-        def run() -> None:
-            with torch.enable_grad():
-                ppo.train_epoch(model, optimizer, loss, step, micro, generator, keep_gradients=accumulating)
-
-        return run
-
-    yield "log-prob", actor, None, lambda: torch.no_grad()(log_probs(actor, True))()
-    if config.use_kl and models.ref is None:
-        yield "reference", actor, None, lambda: torch.no_grad()(without_adapters)()
-    elif config.use_kl:
-        yield "reference", models.ref, None, lambda: torch.no_grad()(log_probs(models.ref, False))()
-    if models.critic is not None:
-        critic = ppo.unwrap(models.critic)
-        critic_forward = batch("critic_forward", tokens.critic_forward)
-        values = lambda: critic_forward["layout"].values(  # noqa: E731
-            critic, ctx, list(range(len(critic_forward["layout"].rollout)))
-        )
-        yield "values", critic, None, lambda: torch.no_grad()(values)()
-    if models.reward is not None:
-        share = _batch_of(config, _micro_batch(config, tokens.forward, lengths))
-        rows = len(share["layout"].rollout)
-        scored = dataclasses.replace(
-            ctx,
-            config=dataclasses.replace(
-                config, rollout_batch_size=rows * world_size, train_batch_size=rows * world_size
-            ),
-        )
-        yield "reward", models.reward, None, lambda: ppo.reward_scores(models, scored, share)
-    if models.critic is not None:
-        critic_loss = functools.partial(ppo.critic_loss, models)
-        update = trained(
-            models.critic, models.critic_optimizer, critic_loss, "critic_update", tokens.critic_update
-        )
-        yield "critic update", models.critic, models.critic_optimizer, update
-    actor_loss = functools.partial(ppo.actor_loss, models)
-    update = trained(models.actor, models.actor_optimizer, actor_loss, "update", tokens.update)
-    yield "actor update", models.actor, models.actor_optimizer, update
-
-
 # --- the trace --------------------------------------------------------------------------------------------
 
 
@@ -499,62 +340,24 @@ def trace_memory(
 
     Raises TraceUnavailable (one line) for what the tracer does not handle: offload outside FSDP's GPU
     layout, an architecture whose code reads tensor values, a process group already running here."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from autotune.memory.model import Architecture, predict_components
-    from autotune.probe.rank import ppo
-    from autotune.probe.rank.models import build_models
     from autotune.probe.rank.sharding import device_mesh
 
     _refuse(config, layout)
     lengths = lengths or JobLengths()
     started = time.perf_counter()
-    notes = [NOT_TRACED, *math.notes]
+    compute = torch.bfloat16 if layout == "cuda" else None
+    ctx = StepContext(config, HOST, world_size, 0, compute, lengths=lengths, math=math)
     built: dict[str, int] = {}  # the tokens of each pass's micro batch, as made
     with fake_world(world_size), warnings.catch_warnings(), _heap_frozen():
         warnings.simplefilter("ignore")  # torch and transformers warn about fake tensors' data pointers
         if config.sharded:
             device_mesh(HOST.type, world_size)  # a mesh reads real rank tensors: made before the fake mode
-        with (
-            FakeTensorMode(allow_non_fake_inputs=True),
-            _conversions_that_rebind(),
-            _attention_without_packing_masks(),
-        ):
-            try:
-                models = build_models(
-                    actor_spec,
-                    reward_spec,
-                    config,
-                    HOST,
-                    world_size if config.sharded else 1,  # DDP cannot wrap fake tensors: see the docstring
-                    precision=layout == "cuda",
-                )
-                _warm_up(models, layout)
-                everything = resident_states(
-                    models, _rollout_buffer(config, world_size), layout, config.sharded
-                )
-                trained = trained_states(models)
-                resident = on_device(config, everything, trained, None, False)
-                compute = torch.bfloat16 if layout == "cuda" else None
-                ctx = ppo.StepContext(config, HOST, world_size, 0, compute, lengths=lengths, math=math)
-                passes = _passes(models, ctx, config, world_size, lengths, built)
-                on_pass(BUILT, time.perf_counter() - started)
-                phases = _traced_passes(
-                    passes,
-                    lambda model, updating: on_device(config, everything, trained, model, updating),
-                    set(trained) if config.offload_policy else set(),
-                    on_pass,
-                )
-            except TraceUnavailable:
-                raise
-            except Exception as error:  # an architecture or op the fake mode cannot run
-                first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-                raise TraceUnavailable(f"the trace failed: {type(error).__name__}: {first[:200]}") from error
-    states = dict(resident)
+        with _fake_mode(), _failures_unavailable():
+            states, phases = _traced(actor_spec, reward_spec, ctx, layout, started, on_pass, built)
+    notes = [NOT_TRACED, *math.notes]
     if world_size > 1 and not config.sharded:
-        arch = Architecture.from_specs(actor_spec, reward_spec)
-        buckets = predict_components(arch, config, world_size, layout).ddp_buckets
-        states["ddp_buckets"] = buckets
+        buckets = _ddp_buckets(actor_spec, reward_spec, config, world_size, layout)
+        states = {**states, "ddp_buckets": buckets}
         phases = [
             dataclasses.replace(p, peak=p.peak + buckets, parts={**p.parts, "ddp_buckets": buckets})
             for p in phases
@@ -565,6 +368,76 @@ def trace_memory(
     seconds = time.perf_counter() - started
     functions = dict(math.functions)
     return MemoryTrace(world_size, layout, states, phases, seconds, notes, functions, lengths.label, built)
+
+
+@contextlib.contextmanager
+def _fake_mode() -> Iterator[None]:
+    """Every tensor made in the block fake, and the two library calls that cannot take one done otherwise."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with (
+        FakeTensorMode(allow_non_fake_inputs=True),
+        _conversions_that_rebind(),
+        _attention_without_packing_masks(),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def _failures_unavailable() -> Iterator[None]:
+    """An architecture or op the fake mode cannot run ends the trace as TraceUnavailable, in one line."""
+    try:
+        yield
+    except TraceUnavailable:
+        raise
+    except Exception as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise TraceUnavailable(f"the trace failed: {type(error).__name__}: {first[:200]}") from error
+
+
+def _traced(
+    actor_spec: Any,
+    reward_spec: Any,
+    ctx: StepContext,
+    layout: str,
+    started: float,
+    on_pass: Callable[[str, float], None],
+    built: dict[str, int],
+) -> tuple[dict[str, int], list[PhasePeak]]:
+    """Under the fake mode: the probe's models built as a rank of `ctx`'s world builds them and warmed up,
+    then each pass traced. Returns the states on the device between passes, and every pass's peaks."""
+    from autotune.probe.rank.models import build_models
+
+    config, world_size = ctx.config, ctx.world_size
+    models = build_models(
+        actor_spec,
+        reward_spec,
+        config,
+        HOST,
+        world_size if config.sharded else 1,  # DDP cannot wrap fake tensors: see the docstring
+        precision=layout == "cuda",
+    )
+    _warm_up(models, layout)
+    everything = resident_states(models, rollout_buffer(config, world_size), layout, config.sharded)
+    trained = trained_states(models)
+    resident = on_device(config, everything, trained, None, False)
+    passes = training_passes(models, ctx, built)
+    on_pass(BUILT, time.perf_counter() - started)
+    phases = _traced_passes(
+        passes,
+        lambda model, updating: on_device(config, everything, trained, model, updating),
+        set(trained) if config.offload_policy else set(),
+        on_pass,
+    )
+    return resident, phases
+
+
+def _ddp_buckets(actor_spec: Any, reward_spec: Any, config: ProbeConfig, world_size: int, layout: str) -> int:
+    """DDP's gradient buckets per rank, the analytic model's (its reducer cannot run on fake tensors)."""
+    from autotune.memory.model import Architecture, predict_components
+
+    arch = Architecture.from_specs(actor_spec, reward_spec)
+    return predict_components(arch, config, world_size, layout).ddp_buckets
 
 
 def _say_pass(name: str, seconds: float) -> None:
