@@ -61,7 +61,8 @@ def measure(config: ProbeConfig) -> dict[str, Any]:
     from autotune.probe.rank.measure import peak_rss_bytes, reset_peak, state_bytes
     from autotune.probe.rank.models import build_models
     from autotune.probe.rank.process import return_freed_memory
-    from autotune.probe.rank.trace import _passes, _rollout_buffer, _traced_pass, _warm_up
+    from autotune.probe.rank.trace import _traced_pass, _warm_up
+    from autotune.probe.rank.trace_passes import rollout_buffer, training_passes
     from autotune.probe.rank.trace_resident import resident_states
 
     return_freed_memory()
@@ -69,12 +70,12 @@ def measure(config: ProbeConfig) -> dict[str, Any]:
     cpu = torch.device("cpu")
     models = build_models(resolve_model(MODEL), None, config, cpu, 1)
     _warm_up(models, "cpu")
-    resident = resident_states(models, _rollout_buffer(config, 1), "cpu", sharded=False)
+    resident = resident_states(models, rollout_buffer(config, 1), "cpu", sharded=False)
     lengths = JobLengths()  # every sample at the limits, as the trace's default
     ctx = ppo.StepContext(config, cpu, 1, pad_token_id=0, lengths=lengths)
     added: dict[str, int] = {}
     tracked: dict[str, int] = {}
-    for name, model, optimizer, run in _passes(models, ctx, config, 1, lengths):
+    for name, model, optimizer, run in training_passes(models, ctx):
         # plain eager first: any dispatch mode (the tracker's included) changes what eager allocates
         reset_peak("cpu")
         start = _rss()

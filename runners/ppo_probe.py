@@ -72,6 +72,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
 
     from autotune.config.knobs import ProbeConfig
     from autotune.config.lengths import JobLengths
+    from autotune.config.passes import Passes
     from autotune.models.registry import resolve_model, resolve_reward_model
     from autotune.models.tokenizer import load_tokenizer
     from autotune.probe.rank.budget import watch_budget
@@ -110,7 +111,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
         world_size=world_size,
         pad_token_id=tokenizer.pad_token_id,
         compute_dtype=torch.bfloat16 if device.type == "cuda" else None,
-        passes=settings.get("passes", "verl"),
+        passes=Passes(settings.get("passes", Passes.VERL)),
         lengths=JobLengths.from_dict(settings.get("lengths")),
         vocab=actor_spec.config.vocab_size,
         generator=torch.Generator().manual_seed(settings["seed"] * 7919 + rank),

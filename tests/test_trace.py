@@ -255,15 +255,15 @@ GSM8K_LIKE = Path(__file__).resolve().parent / "data" / "gsm8k_like.jsonl"
 
 
 def test_a_micro_batch_on_the_data_has_the_datas_samples_within_the_limits():
-    from autotune.probe.rank.trace import _micro_batch
+    from autotune.probe.rank.trace_passes import micro_batch
 
-    micro = _micro_batch(TINY, 20, SHORT)  # the data's mean sequence is 4.5 + 3.5 = 8 tokens
+    micro = micro_batch(TINY, 20, SHORT)  # the data's mean sequence is 4.5 + 3.5 = 8 tokens
     assert sum(micro.lengths) == 20 and len(micro) == 2
     assert [len(p) for p in micro.prompts] == [6, 6]  # the data's share: 4.5 / 8 of each sample
-    at_limits = _micro_batch(TINY, 64, JobLengths())
+    at_limits = micro_batch(TINY, 64, JobLengths())
     assert at_limits.lengths == [32, 32] and [len(p) for p in at_limits.prompts] == [16, 16]
     long = JobLengths.from_counts([16], [16])  # one sample and a quarter of the mean: two within Lp + Lr
-    assert _micro_batch(TINY, 40, long).lengths == [20, 20]
+    assert micro_batch(TINY, 40, long).lengths == [20, 20]
 
 
 def test_the_trace_packs_each_pass_from_the_jobs_lengths_as_the_analytic_model_prices(tiny):

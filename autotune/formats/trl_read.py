@@ -155,10 +155,19 @@ def _one_line(text: str) -> str:
 def _as_on_a_gpu() -> Iterator[None]:
     """TrainingArguments refuses bf16 where this machine has no GPU; the file is judged for the machine it is
     for, so its bf16 is checked as a GPU would take it (the machine's own check is TRL's at launch)."""
-    from unittest import mock
+    import transformers.training_args as training_args
 
-    with mock.patch("transformers.training_args.is_torch_bf16_gpu_available", return_value=True):
+    # TrainingArguments.__post_init__ asks its module's function, by name, whether this machine's GPU takes
+    # bf16 (transformers/training_args.py: `if not self.use_cpu and not is_torch_bf16_gpu_available() and
+    # not is_torch_xla_available()`), and no field of the file can answer for the machine it is for: the
+    # module's name answers yes while TRL's parser runs, then is what it was.
+    name = "is_torch_bf16_gpu_available"
+    original = getattr(training_args, name)
+    setattr(training_args, name, lambda *_, **__: True)
+    try:
         yield
+    finally:
+        setattr(training_args, name, original)
 
 
 def _by_trl(data: dict[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from autotune.models.registry import ModelSpec
 
 __all__ = [
+    "MathSource",
     "MemoryTrace",
     "PhasePeak",
     "TraceRow",
@@ -67,6 +69,13 @@ ANALYTIC_PHASE = {
     "actor backward": "update",
     "actor update": "update",
 }
+
+
+class MathSource(StrEnum):
+    """Whose per-token functions the trace's passes run: the trace job's "pass_math", stored as the value."""
+
+    AUTOTUNE = "autotune"  # autotune.probe.rank.rl_math's (pass_math.AUTOTUNE), in this environment
+    VERL = "verl"  # verl's own (autotune.probe.rank.verl_math), in verl's environment (--verl-python)
 
 
 class TraceUnavailable(Exception):
@@ -324,7 +333,7 @@ def run_trace(
         "config": dataclasses.asdict(config),
         "world_size": world_size,
         "layout": layout,
-        "pass_math": "verl" if verl_python else "autotune",
+        "pass_math": MathSource.VERL if verl_python else MathSource.AUTOTUNE,
         "lengths": lengths.to_dict() if lengths is not None else None,
     }
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MASTER_ADDR": "", "RANK": "", "WORLD_SIZE": ""}

@@ -12,6 +12,7 @@ __all__ = [
     "rl_math",
     "sharding",
     "trace",
+    "trace_passes",
     "trace_resident",
     "verl_math",
 ]

@@ -1,15 +1,16 @@
 """One PPO/GRPO iteration as the target trainer runs it: rollout, scoring, advantages, update (docs/design.md,
 "The probe").
 
-Two trainers' passes (`StepContext.passes`):
-- "verl": the training passes as verl runs them on the user's data. The rollout is synthetic: prompts from
-  the data, responses of the data's lengths (`autotune.config.lengths`), since verl generates in vLLM at its
-  own pace and that time carries over to nothing here. Micro batches are packed without padding
+Two trainers' passes (`StepContext.passes`, one of `PASSES`), told apart by asking the schedule (`packed`):
+- `Passes.VERL`, packed: the training passes as verl runs them on the user's data. The rollout is synthetic:
+  prompts from the data, responses of the data's lengths (`autotune.config.lengths`), since verl generates in
+  vLLM at its own pace and that time carries over to nothing here. Micro batches are packed without padding
   (`autotune.probe.rank.packing`), the logits come out for every packed token, the old log-prob pass computes
   the entropy (verl's `calculate_entropy`), and micro batches are fixed or cut by token budgets
   (`use_dynamic_bsz`). The iteration's seconds are the training phases': scoring, advantages, update.
-- "trl": TRL's GRPOTrainer's way: Hugging Face `generate` forced to max_response_length, padded rows, the
-  logits of the response positions only (`logits_to_keep`). Generation is a phase of that trainer: timed in.
+- `Passes.TRL`, padded: TRL's GRPOTrainer's way: Hugging Face `generate` forced to max_response_length, padded
+  rows, the logits of the response positions only (`logits_to_keep`). Generation is a phase of that trainer:
+  timed in.
 
 Runs inside a probe rank (the runner program imports it). Each rank works on its share of the global batch;
 gradients of the trainable models are averaged by DDP or FSDP (autotune.probe.rank.sharding), so W ranks do
@@ -20,6 +21,7 @@ device for the phases that use them, as verl's workers load and offload around e
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections import defaultdict
@@ -33,6 +35,7 @@ import torch.distributed as dist
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.lengths import JobLengths, pass_tokens
+from autotune.config.passes import Passes
 from autotune.probe.rank import rl_math
 from autotune.probe.rank.packing import (
     PassPacking,
@@ -49,8 +52,10 @@ __all__ = [
     "PASSES",
     "Models",
     "StepContext",
+    "actor_loss",
     "advantages",
     "barrier",
+    "critic_loss",
     "iteration",
     "response_log_probs",
     "response_values",
@@ -59,13 +64,14 @@ __all__ = [
     "score",
     "synchronize",
     "timed",
+    "train_epoch",
     "unwrap",
     "update",
     "warmup_config",
 ]
 
 GAMMA, LAM = 1.0, 1.0  # verl's defaults
-PASSES = ("verl", "trl")  # whose training passes a probe runs (module docstring)
+PASSES = (Passes.VERL, Passes.TRL)  # the schedules the built-in probe runs (module docstring)
 
 
 @dataclass
@@ -88,13 +94,16 @@ class StepContext:
     pad_token_id: int
     compute_dtype: torch.dtype | None = None  # autocast dtype on GPU (bf16); None on CPU
     phases: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    passes: str = "verl"  # one of PASSES
+    passes: Passes = Passes.VERL  # one of PASSES
     lengths: JobLengths = field(default_factory=JobLengths)  # the job's lengths (verl passes)
     vocab: int = 32000  # the actor's vocabulary: the synthetic responses' tokens
     # what each pass packed, over the measured iterations (verl passes)
     packing: dict[str, PassPacking] = field(default_factory=lambda: defaultdict(PassPacking))
     generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
     math: PassMath = AUTOTUNE  # whose per-token functions the verl passes run (autotune.probe.rank.pass_math)
+
+    def __post_init__(self) -> None:
+        self.passes = Passes(self.passes)  # a job's string ("verl", "trl") becomes the schedule it names
 
     def autocast(self):
         if self.compute_dtype is None:
@@ -239,7 +248,7 @@ def _budget(config: ProbeConfig, update: bool, critic: bool) -> int:
 
 def rollout(models: Models, ctx: StepContext, prompt_batches: Iterator[dict[str, torch.Tensor]]) -> dict:
     """The rank's T/W samples: synthetic ones of the job's lengths (verl passes) or generated (TRL passes)."""
-    if ctx.passes == "verl":
+    if ctx.passes.packed:  # verl's schedule: its rollout is vLLM's, timed apart (module docstring)
         return synthetic_rollout(ctx, prompt_batches)
     return generated_rollout(models, ctx, prompt_batches)
 
@@ -405,7 +414,7 @@ def score(models: Models, ctx: StepContext, batch: dict) -> None:
     batch["scores"] = reward_scores(models, ctx, batch)
     with offloaded(c, ctx.device, actor):
         # verl's old log-prob pass computes the entropy (calculate_entropy), its reference pass does not
-        old = _log_prob_pass(actor, ctx, batch, ctx.passes == "verl", "forward")
+        old = _log_prob_pass(actor, ctx, batch, ctx.passes.packed, "forward")
         batch["old_log_probs"] = old["log_probs"]
         if "entropy" in old:
             batch["entropy"] = old["entropy"]
@@ -445,7 +454,7 @@ def _mini_batches(ctx: StepContext, generator: torch.Generator) -> Iterator[list
     """Mini-batches of micro_batch_size × gradient_accumulation_steps samples per rank: consecutive, as verl
     (actor.shuffle: false); shuffled for TRL's passes."""
     c = ctx.config
-    if ctx.passes == "verl":
+    if ctx.passes.packed:
         order = list(range(ctx.samples_per_rank))
     else:
         order = torch.randperm(ctx.samples_per_rank, generator=generator).tolist()
@@ -462,7 +471,9 @@ def _no_sync(model: torch.nn.Module, last: bool):
     return nullcontext()
 
 
-def _actor_loss(models: Models, ctx: StepContext, batch: dict, idx: list[int]) -> torch.Tensor:
+def actor_loss(models: Models, ctx: StepContext, batch: dict, idx: list[int]) -> torch.Tensor:
+    """The actor's loss on the micro batch `idx`: the clipped policy loss, plus GRPO's KL term with use_kl
+    (public: the memory trace runs the actor's update pass through it)."""
     c = ctx.config
     log_probs, _ = batch["layout"].log_probs(models.actor, ctx, idx)
     mask = batch["response_mask"][idx]
@@ -472,24 +483,37 @@ def _actor_loss(models: Models, ctx: StepContext, batch: dict, idx: list[int]) -
     return loss
 
 
-def _critic_loss(models: Models, ctx: StepContext, batch: dict, idx: list[int]) -> torch.Tensor:
+def critic_loss(models: Models, ctx: StepContext, batch: dict, idx: list[int]) -> torch.Tensor:
+    """The critic's clipped value loss on the micro batch `idx` (public: the memory trace runs the critic's
+    update pass through it)."""
     assert models.critic is not None  # update trains the critic only when there is one
     values = batch["layout"].values(models.critic, ctx, idx)
     old, returns, mask = batch["values"][idx], batch["returns"][idx], batch["response_mask"][idx]
     return ctx.math.value_loss(values, old, returns, mask)
 
 
-def _train(
-    model, optimizer, loss_fn, ctx: StepContext, batch: dict, generator: torch.Generator, kind: str = "update"
+def train_epoch(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable[[StepContext, dict, list[int]], torch.Tensor],
+    ctx: StepContext,
+    batch: dict,
+    generator: torch.Generator,
+    kind: str = "update",
+    keep_gradients: bool = False,
 ) -> None:
     """One epoch over the mini-batches, one optimizer step each; a micro batch's loss weighs its share of the
-    mini batch's response tokens (token-mean over the mini batch, as verl aggregates)."""
+    mini batch's response tokens (token-mean over the mini batch, as verl aggregates). `loss_fn(ctx, batch,
+    idx)`: `actor_loss` or `critic_loss` with the models bound. `keep_gradients` skips each step's
+    zero_grad: the memory trace runs one micro batch as a later one of an accumulation step, which starts
+    with the gradients the earlier ones left."""
     layout: Layout = batch["layout"]
     with offloaded(ctx.config, ctx.device, unwrap(model), optimizer):
         for number, mini in enumerate(_mini_batches(ctx, generator)):
             micro_batches = layout.micro_batches(ctx, mini, number == 0, kind)
             tokens = max(1, layout.response_tokens(mini))
-            optimizer.zero_grad(set_to_none=True)
+            if not keep_gradients:
+                optimizer.zero_grad(set_to_none=True)
             for j, idx in enumerate(micro_batches):
                 _count(ctx, batch, kind, idx)
                 with _no_sync(model, last=j == len(micro_batches) - 1):
@@ -500,22 +524,11 @@ def _train(
 def update(models: Models, ctx: StepContext, batch: dict, generator: torch.Generator) -> None:
     """verl's order: the critic first (when there is one), then the actor; one PPO epoch."""
     if models.critic is not None:
-        _train(
-            models.critic,
-            models.critic_optimizer,
-            lambda cx, b, i: _critic_loss(models, cx, b, i),
-            ctx,
-            batch,
-            generator,
-            "critic update",
-        )
-    _train(
-        models.actor,
-        models.actor_optimizer,
-        lambda cx, b, i: _actor_loss(models, cx, b, i),
-        ctx,
-        batch,
-        generator,
+        assert models.critic_optimizer is not None  # a critic is built with its optimizer
+        critic = functools.partial(critic_loss, models)
+        train_epoch(models.critic, models.critic_optimizer, critic, ctx, batch, generator, "critic update")
+    train_epoch(
+        models.actor, models.actor_optimizer, functools.partial(actor_loss, models), ctx, batch, generator
     )
 
 
@@ -527,7 +540,7 @@ def iteration(models: Models, ctx: StepContext, prompt_batches, generator: torch
     start = time.perf_counter()
     with timed(ctx, "rollout"):
         batch = rollout(models, ctx, prompt_batches)
-    if ctx.passes == "verl":
+    if ctx.passes.packed:
         barrier(ctx)
         start = time.perf_counter()
     with timed(ctx, "scoring"):

@@ -3,14 +3,15 @@
     trace = trace_memory(resolve_model("llama-2-7b"), None, config, world_size=2)   # ~20 s on 2 cores
     trace.peak("update"), trace.phases[0].parts, trace.states
 
-The probe's own code runs (`autotune.probe.rank.models.build_models`, `ppo.score`'s forwards, `ppo._train`),
-its per-token math by `math` (autotune's functions, or verl's in verl's environment: `pass_math`), with every
-tensor fake: shapes, dtypes and devices are real, storage is not. Torch's memory trackers
-(`FSDPMemTracker` for sharded models, `MemTracker` otherwise) count every storage each phase allocates and
-frees. The layout is a GPU run's by default: trainable fp32 weights, frozen bf16, FSDP2's bf16 mixed
-precision and autocast, over a fake process group of W ranks (the tensors sit on the host, so the reference's
-shards, which a GPU run keeps on the host, are left out of the device's bytes). `layout="cpu"` is the CPU
-probe's (everything fp32): the one a CPU probe can check.
+The probe's own code runs (`autotune.probe.rank.models.build_models`, then `ppo.score`'s forwards and
+`ppo.train_epoch`, each pass on its largest micro batch: autotune.probe.rank.trace_passes), its per-token math
+by `math` (autotune's functions, or verl's in verl's environment: `pass_math`), with every tensor fake:
+shapes, dtypes and devices are real, storage is not. Torch's memory trackers (`FSDPMemTracker` for sharded
+models, `MemTracker` otherwise) count every storage each phase allocates and frees. The layout is a GPU run's
+by default: trainable fp32 weights, frozen bf16, FSDP2's bf16 mixed precision and autocast, over a fake
+process group of W ranks (the tensors sit on the host, so the reference's shards, which a GPU run keeps on the
+host, are left out of the device's bytes). `layout="cpu"` is the CPU probe's (everything fp32): the one a CPU
+probe can check.
 
 What is not traced, and why:
 - rollout: Hugging Face `generate` stops on tensor values (end of sequence, stopping criteria), which a fake
@@ -34,22 +35,24 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.lengths import JobLengths
 from autotune.probe.rank.pass_math import AUTOTUNE, PassMath
+from autotune.probe.rank.ppo import Models, StepContext
+from autotune.probe.rank.trace_passes import HOST, rollout_buffer, training_passes
 from autotune.probe.rank.trace_resident import (
     device_side,
     on_device,
     resident_states,
     trained_states,
 )
-from autotune.probe.traced import BUILT, PROGRESS_KEY, MemoryTrace, PhasePeak, TraceUnavailable
+from autotune.probe.traced import BUILT, PROGRESS_KEY, MathSource, MemoryTrace, PhasePeak, TraceUnavailable
 
 __all__ = ["LAYOUTS", "main", "trace_memory"]
 
 LAYOUTS = ("cuda", "cpu")
-HOST = torch.device("cpu")
 # the tracker's categories (FSDPMemTracker's and MemTracker's names), folded into the report's terms
 CATEGORIES = {
     "weights": ("Sharded Param", "Parameter", "Buffer"),
@@ -99,64 +102,17 @@ def _refuse(config: ProbeConfig, layout: str) -> None:
         )
 
 
-# --- building what the probe holds ------------------------------------------------------------------------
-
-
-def _micro_batch(config: ProbeConfig, tokens: int, lengths: Any) -> Any:
-    """A packed micro batch of `tokens` tokens (autotune.probe.rank.packing.Rollout): as many samples as the
-    job's mean sequence puts in it (the data's, or the limits' at the limits), none longer than the limits
-    allow, their tokens split between prompt and response as the job's means split them. What a pass holds
-    grows with its tokens, not with how they are split into sequences (flash-attn's varlen kernels, and the
-    logits of every packed token); the samples' count sizes the per-sample tensors beside them."""
-    from autotune.probe.rank.packing import Rollout
-
-    prompt = float(lengths.prompt_lengths(config.max_prompt_length).mean())
-    response = float(lengths.response_lengths(config.max_response_length).mean())
-    samples = max(1, min(round(tokens / (prompt + response)), tokens // 2))
-    samples = max(samples, -(-tokens // config.sequence_length))  # no sample over Lp + Lr
-    sizes = [tokens // samples + (1 if i < tokens % samples else 0) for i in range(samples)]
-    prompt_sizes = [_prompt_share(config, size, prompt / (prompt + response)) for size in sizes]
-    return Rollout(
-        [torch.zeros(p, dtype=torch.long) for p in prompt_sizes],
-        [torch.zeros(max(1, s - p), dtype=torch.long) for s, p in zip(sizes, prompt_sizes, strict=True)],
-        config.max_response_length,
-    )
-
-
-def _prompt_share(config: ProbeConfig, size: int, share: float) -> int:
-    """A sample's prompt tokens: its share of `size`, within the prompt limit, leaving the response at most
-    its limit and at least one token."""
-    prompt = min(config.max_prompt_length, max(1, round(size * share)))
-    return max(1, min(max(prompt, size - config.max_response_length), size - 1))
-
-
-def _batch_of(config: ProbeConfig, micro: Any) -> dict[str, Any]:
-    """The rollout buffer's keys `ppo.score`, `advantages` and `update` read, for one micro batch (zeros: a
-    fake tensor's values are never read)."""
-    from autotune.probe.rank.ppo import PackedLayout
-
-    responses, mask = micro.padded_responses(HOST)
-    keys = ["old_log_probs", "advantages"]
-    keys += ["ref_log_probs"] if config.use_kl else []
-    keys += ["values", "returns"] if config.algorithm == "ppo" else []
-    samples = len(micro)
-    return {
-        "layout": PackedLayout(micro),
-        "responses": responses,
-        "response_mask": mask,
-        "scores": torch.zeros(samples),
-        **{key: torch.zeros(samples, config.max_response_length) for key in keys},
-    }
-
-
-def _rollout_buffer(config: ProbeConfig, world_size: int) -> list[torch.Tensor]:
-    """The rank's rollout on the device, as the probe keeps it through the iteration: a score per sample; per
-    response token the padded ids, mask, old log-probs, entropy and advantages, the reference's log-probs
-    with KL, values and returns for PPO. (Each sample's own tokens stay on the host until packed.)"""
-    samples, length = config.train_batch_size // world_size, config.max_response_length
-    floats = 4 + config.use_kl + 2 * (config.algorithm == "ppo")
-    ids = torch.zeros(samples, length, dtype=torch.long)
-    return [torch.zeros(samples), ids, *(torch.zeros(samples, length) for _ in range(floats))]
+@contextlib.contextmanager
+def _swapped(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """`owner.name` (a module's function, a class's method: its own attribute, not an inherited one) is
+    `value` for the block, then what it was. Only for a library the trace runs that calls a function by its
+    module's or class's name and takes no argument to call another: each use says which line needs it."""
+    original = vars(owner)[name]
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
 
 
 @contextlib.contextmanager
@@ -165,11 +121,12 @@ def _attention_without_packing_masks() -> Iterator[None]:
     then builds a block-diagonal mask of tokens² bytes; a GPU run of verl attends within each sequence with
     flash-attn's varlen kernels, which hold no mask. The trace attends over the packed row as one causal
     sequence: the same bytes as the varlen kernels (none in scores), other numbers (which it never reads)."""
-    from unittest import mock
-
     import transformers.masking_utils as masking
 
-    with mock.patch.object(masking, "find_packed_sequence_indices", lambda *_, **__: None):
+    # transformers' masking_utils._preprocess_mask_arguments calls the module's
+    # `find_packed_sequence_indices(position_ids)` whenever a forward has position ids and no attention mask
+    # (verl's packed forward, and the probe's: ppo.PackedLayout); no argument of the model turns that off.
+    with _swapped(masking, "find_packed_sequence_indices", lambda *_, **__: None):
         yield
 
 
@@ -179,10 +136,9 @@ def _conversions_that_rebind() -> Iterator[None]:
     (swap_tensors needs the only reference). In the trace a conversion builds new parameters and rebinds
     them instead: the same result for modules no optimizer holds yet (peft casts each new adapter to its
     base layer's dtype, then back to fp32)."""
-    from unittest import mock
 
     def to(module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
-        device, dtype, *_ = torch._C._nn._parse_to(*args, **kwargs)
+        device, dtype, *_ = torch._C._nn._parse_to(*args, **kwargs)  # Module.to's own argument parsing
 
         def convert(t: torch.Tensor) -> torch.Tensor:
             cast = dtype if dtype is not None and t.is_floating_point() else t.dtype
@@ -197,23 +153,33 @@ def _conversions_that_rebind() -> Iterator[None]:
                     sub._buffers[name] = convert(buffer)
         return module
 
-    with mock.patch.object(torch.nn.Module, "to", to):
+    # torch.nn.Module._apply swaps every FakeTensor parameter by torch.utils.swap_tensors whatever
+    # torch.__future__'s flags say (`or isinstance(param, FakeTensor)` in its p_should_use_swap_tensors,
+    # torch 2.13), and peft calls `.to` itself on each adapter it builds: no argument reaches those calls.
+    with _swapped(torch.nn.Module, "to", to):
         yield
 
 
-def _warm_up(models: Any, layout: str) -> None:
+def _fsdp_lazy_init(root: FSDPModule) -> None:
+    """FSDP2's lazy initialisation of a root module (the root state marked, its context shared with the other
+    states, each parameter group initialised), which torch runs in the root's first forward; the warm-up
+    steps the optimizer before any forward, on models as an iteration leaves them. torch has no public call
+    for it (FSDPModule offers unshard and reshard, which skip the root's part), so this calls torch's private
+    one: `FSDPState._lazy_init` (torch/distributed/fsdp/_fully_shard/_fsdp_state.py)."""
+    root._get_fsdp_state()._lazy_init()
+
+
+def _warm_up(models: Models, layout: str) -> None:
     """FSDP's lazy initialisation done, and one optimizer step on zero gradients: Adam's states exist and the
     gradients stay allocated, as after the previous iteration's last step (the steady state a probe
     measures). The GPU layout steps AdamW as torch does on CUDA, all tensors at once (foreach); the host's
     tensors would otherwise take torch's CPU default, one tensor at a time."""
-    from torch.distributed.fsdp import FSDPModule
-
     from autotune.probe.rank.sharding import hf_model
 
     for model in (models.actor, models.ref, models.critic):
         root = hf_model(model) if model is not None else None
         if isinstance(root, FSDPModule):
-            root._get_fsdp_state()._lazy_init()
+            _fsdp_lazy_init(root)
     for optimizer in (models.actor_optimizer, models.critic_optimizer):
         if optimizer is None:
             continue
@@ -232,7 +198,6 @@ def _tracker(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
     the peak over all modules (their per-module peaks, which the trace does not read, cost half its time)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.distributed.fsdp import FSDPModule
 
     from autotune.probe.rank.sharding import hf_model
 
@@ -356,118 +321,6 @@ def _traced_passes(
     return peaks
 
 
-def _one_step(config: ProbeConfig, samples: int, world_size: int) -> ProbeConfig:
-    """One fixed micro batch of `samples` and one optimizer step: with accumulation, every micro-batch after
-    the first starts with the gradients the first left, so one micro-batch run with them in place
-    (`_gradients_kept`) holds what each later one does; without it, the step's zero_grad frees them first, as
-    in the probe."""
-    return dataclasses.replace(
-        config,
-        train_batch_size=samples * world_size,
-        micro_batch_size=samples,
-        gradient_accumulation_steps=1,
-        log_prob_micro_batch_size=None,
-        use_dynamic_bsz=False,
-        ppo_max_token_len_per_gpu=None,
-        log_prob_max_token_len_per_gpu=None,
-        critic_max_token_len_per_gpu=None,
-    )
-
-
-@contextlib.contextmanager
-def _gradients_kept(optimizer: torch.optim.Optimizer, accumulating: bool) -> Iterator[None]:
-    """With accumulation, the traced micro-batch is a later one: the gradients stay (see `_one_step`)."""
-    from unittest import mock
-
-    if not accumulating:
-        yield
-        return
-    with mock.patch.object(optimizer, "zero_grad", lambda *_, **__: None):
-        yield
-
-
-def _passes(
-    models: Any,
-    ctx: Any,
-    config: ProbeConfig,
-    world_size: int,
-    lengths: Any,
-    built: dict[str, int] | None = None,
-):
-    """(name, model, optimizer, run) of each training pass the probe makes, in its order, each on its largest
-    micro batch (autotune.config.lengths.pass_tokens): verl's packed passes. `built`, when given, gets the
-    tokens of each micro batch made (PassTokens' names), priced alike by the analytic model."""
-    from autotune.config.lengths import micro_batch_tokens, pass_tokens
-    from autotune.probe.rank import ppo
-
-    tokens = pass_tokens(config, lengths, world_size)
-    actor = ppo.unwrap(models.actor)
-
-    def batch(kind: str, micro_tokens: int) -> dict[str, Any]:
-        made = _batch_of(config, _micro_batch(config, micro_tokens, lengths))
-        if built is not None:
-            built[kind] = sum(made["layout"].rollout.lengths)
-        return made
-
-    forward = batch("forward", tokens.forward)
-    everyone = list(range(len(forward["layout"].rollout)))
-
-    def log_probs(model: torch.nn.Module, entropy: bool) -> Callable[[], Any]:
-        return lambda: forward["layout"].log_probs(model, ctx, everyone, entropy)
-
-    def without_adapters() -> Any:
-        peft_model: Any = actor  # peft's wrapper (untyped): disable_adapter is peft's
-        with peft_model.disable_adapter():
-            return log_probs(actor, False)()
-
-    def trained(
-        model: torch.nn.Module, optimizer: Any, loss: Callable, kind: str, micro_tokens: int
-    ) -> Callable[[], Any]:
-        micro = batch(kind, micro_tokens)
-        step = dataclasses.replace(ctx, config=_one_step(config, len(micro["layout"].rollout), world_size))
-        generator = torch.Generator().manual_seed(0)
-        mini = config.micro_batch_size * config.gradient_accumulation_steps
-        accumulating = micro_tokens < micro_batch_tokens(config, lengths, mini)  # more micro batches follow
-
-        def run() -> None:
-            with _gradients_kept(optimizer, accumulating), torch.enable_grad():
-                ppo._train(model, optimizer, loss, step, micro, generator)
-
-        return run
-
-    yield "log-prob", actor, None, lambda: torch.no_grad()(log_probs(actor, True))()
-    if config.use_kl and models.ref is None:
-        yield "reference", actor, None, lambda: torch.no_grad()(without_adapters)()
-    elif config.use_kl:
-        yield "reference", models.ref, None, lambda: torch.no_grad()(log_probs(models.ref, False))()
-    if models.critic is not None:
-        critic = ppo.unwrap(models.critic)
-        critic_forward = batch("critic_forward", tokens.critic_forward)
-        values = lambda: critic_forward["layout"].values(  # noqa: E731
-            critic, ctx, list(range(len(critic_forward["layout"].rollout)))
-        )
-        yield "values", critic, None, lambda: torch.no_grad()(values)()
-    if models.reward is not None:
-        share = _batch_of(config, _micro_batch(config, tokens.forward, lengths))
-        rows = len(share["layout"].rollout)
-        scored = dataclasses.replace(
-            ctx,
-            config=dataclasses.replace(
-                config, rollout_batch_size=rows * world_size, train_batch_size=rows * world_size
-            ),
-        )
-        yield "reward", models.reward, None, lambda: ppo.reward_scores(models, scored, share)
-    if models.critic is not None:
-        critic_loss = lambda cx, b, i: ppo._critic_loss(models, cx, b, i)  # noqa: E731
-        update = trained(
-            models.critic, models.critic_optimizer, critic_loss, "critic_update", tokens.critic_update
-        )
-        yield "critic update", models.critic, models.critic_optimizer, update
-    actor_loss = lambda cx, b, i: ppo._actor_loss(models, cx, b, i)  # noqa: E731
-    update = trained(models.actor, models.actor_optimizer, actor_loss, "update", tokens.update)
-    yield "actor update", models.actor, models.actor_optimizer, update
-
-
 # --- the trace --------------------------------------------------------------------------------------------
 
 
@@ -487,63 +340,24 @@ def trace_memory(
 
     Raises TraceUnavailable (one line) for what the tracer does not handle: offload outside FSDP's GPU
     layout, an architecture whose code reads tensor values, a process group already running here."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from autotune.memory.architecture import Architecture
-    from autotune.memory.breakdown import predict_components
-    from autotune.probe.rank import ppo
-    from autotune.probe.rank.models import build_models
     from autotune.probe.rank.sharding import device_mesh
 
     _refuse(config, layout)
     lengths = lengths or JobLengths()
     started = time.perf_counter()
-    notes = [NOT_TRACED, *math.notes]
+    compute = torch.bfloat16 if layout == "cuda" else None
+    ctx = StepContext(config, HOST, world_size, 0, compute, lengths=lengths, math=math)
     built: dict[str, int] = {}  # the tokens of each pass's micro batch, as made
     with fake_world(world_size), warnings.catch_warnings(), _heap_frozen():
         warnings.simplefilter("ignore")  # torch and transformers warn about fake tensors' data pointers
         if config.sharded:
             device_mesh(HOST.type, world_size)  # a mesh reads real rank tensors: made before the fake mode
-        with (
-            FakeTensorMode(allow_non_fake_inputs=True),
-            _conversions_that_rebind(),
-            _attention_without_packing_masks(),
-        ):
-            try:
-                models = build_models(
-                    actor_spec,
-                    reward_spec,
-                    config,
-                    HOST,
-                    world_size if config.sharded else 1,  # DDP cannot wrap fake tensors: see the docstring
-                    precision=layout == "cuda",
-                )
-                _warm_up(models, layout)
-                everything = resident_states(
-                    models, _rollout_buffer(config, world_size), layout, config.sharded
-                )
-                trained = trained_states(models)
-                resident = on_device(config, everything, trained, None, False)
-                compute = torch.bfloat16 if layout == "cuda" else None
-                ctx = ppo.StepContext(config, HOST, world_size, 0, compute, lengths=lengths, math=math)
-                passes = _passes(models, ctx, config, world_size, lengths, built)
-                on_pass(BUILT, time.perf_counter() - started)
-                phases = _traced_passes(
-                    passes,
-                    lambda model, updating: on_device(config, everything, trained, model, updating),
-                    set(trained) if config.offload_policy else set(),
-                    on_pass,
-                )
-            except TraceUnavailable:
-                raise
-            except Exception as error:  # an architecture or op the fake mode cannot run
-                first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-                raise TraceUnavailable(f"the trace failed: {type(error).__name__}: {first[:200]}") from error
-    states = dict(resident)
+        with _fake_mode(), _failures_unavailable():
+            states, phases = _traced(actor_spec, reward_spec, ctx, layout, started, on_pass, built)
+    notes = [NOT_TRACED, *math.notes]
     if world_size > 1 and not config.sharded:
-        arch = Architecture.from_specs(actor_spec, reward_spec)
-        buckets = predict_components(arch, config, world_size, layout).ddp_buckets
-        states["ddp_buckets"] = buckets
+        buckets = _ddp_buckets(actor_spec, reward_spec, config, world_size, layout)
+        states = {**states, "ddp_buckets": buckets}
         phases = [
             dataclasses.replace(p, peak=p.peak + buckets, parts={**p.parts, "ddp_buckets": buckets})
             for p in phases
@@ -556,6 +370,77 @@ def trace_memory(
     return MemoryTrace(world_size, layout, states, phases, seconds, notes, functions, lengths.label, built)
 
 
+@contextlib.contextmanager
+def _fake_mode() -> Iterator[None]:
+    """Every tensor made in the block fake, and the two library calls that cannot take one done otherwise."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with (
+        FakeTensorMode(allow_non_fake_inputs=True),
+        _conversions_that_rebind(),
+        _attention_without_packing_masks(),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def _failures_unavailable() -> Iterator[None]:
+    """An architecture or op the fake mode cannot run ends the trace as TraceUnavailable, in one line."""
+    try:
+        yield
+    except TraceUnavailable:
+        raise
+    except Exception as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise TraceUnavailable(f"the trace failed: {type(error).__name__}: {first[:200]}") from error
+
+
+def _traced(
+    actor_spec: Any,
+    reward_spec: Any,
+    ctx: StepContext,
+    layout: str,
+    started: float,
+    on_pass: Callable[[str, float], None],
+    built: dict[str, int],
+) -> tuple[dict[str, int], list[PhasePeak]]:
+    """Under the fake mode: the probe's models built as a rank of `ctx`'s world builds them and warmed up,
+    then each pass traced. Returns the states on the device between passes, and every pass's peaks."""
+    from autotune.probe.rank.models import build_models
+
+    config, world_size = ctx.config, ctx.world_size
+    models = build_models(
+        actor_spec,
+        reward_spec,
+        config,
+        HOST,
+        world_size if config.sharded else 1,  # DDP cannot wrap fake tensors: see the docstring
+        precision=layout == "cuda",
+    )
+    _warm_up(models, layout)
+    everything = resident_states(models, rollout_buffer(config, world_size), layout, config.sharded)
+    trained = trained_states(models)
+    resident = on_device(config, everything, trained, None, False)
+    passes = training_passes(models, ctx, built)
+    on_pass(BUILT, time.perf_counter() - started)
+    phases = _traced_passes(
+        passes,
+        lambda model, updating: on_device(config, everything, trained, model, updating),
+        set(trained) if config.offload_policy else set(),
+        on_pass,
+    )
+    return resident, phases
+
+
+def _ddp_buckets(actor_spec: Any, reward_spec: Any, config: ProbeConfig, world_size: int, layout: str) -> int:
+    """DDP's gradient buckets per rank, the analytic model's (its reducer cannot run on fake tensors)."""
+    from autotune.memory.architecture import Architecture
+    from autotune.memory.breakdown import predict_components
+
+    arch = Architecture.from_specs(actor_spec, reward_spec)
+    return predict_components(arch, config, world_size, layout).ddp_buckets
+
+
 def _say_pass(name: str, seconds: float) -> None:
     """A pass done, for the parent's progress: one JSON line on stderr (PROGRESS_KEY)."""
     import json
@@ -564,8 +449,9 @@ def _say_pass(name: str, seconds: float) -> None:
     print(json.dumps({PROGRESS_KEY: name, "seconds": round(seconds, 1)}), file=sys.stderr, flush=True)
 
 
-def _pass_math(whose: str) -> PassMath:
-    if whose == "verl":
+def _pass_math(whose: MathSource) -> PassMath:
+    """The table of `whose` functions; verl's imports verl (this process must be verl's python)."""
+    if whose is MathSource.VERL:
         from autotune.probe.rank.verl_math import verl_math
 
         return verl_math()
@@ -576,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     """runners/memory_trace.py JOB: JOB is JSON {"model", "reward", "trust_remote_code", "config",
     "world_size", "layout", "pass_math", "lengths"}; prints the trace as JSON, or {"failed": why} when it
     cannot run. "lengths" (JobLengths' dict; null: the limits) are what the micro batches are packed from;
-    "pass_math": "verl" runs verl's functions (this process must be verl's python), else autotune's."""
+    "pass_math" (MathSource's value): "verl" runs verl's functions (this process must be verl's python),
+    "autotune" (or none) autotune's."""
     import json
     import sys
 
@@ -589,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         reward = resolve_model(job["reward"], trust_remote_code=trusted) if job.get("reward") else None
         config = ProbeConfig(**job["config"])
         lengths = JobLengths.from_dict(job.get("lengths"))
-        math = _pass_math(job.get("pass_math", "autotune"))
+        math = _pass_math(MathSource(job.get("pass_math", MathSource.AUTOTUNE)))
         world, layout = int(job["world_size"]), job["layout"]
         trace = trace_memory(spec, reward, config, world, layout, lengths, math, _say_pass)
     except TraceUnavailable as error:
