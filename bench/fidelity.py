@@ -47,7 +47,8 @@ from autotune.config.knobs import ProbeConfig
 from autotune.probe import forkserver, launcher
 from autotune.probe.contract import ProbeSettings
 from autotune.probe.launcher import run_probe
-from autotune.space.model import SearchSpace, knob_value, load_space
+from autotune.space.loading import load_space, with_settings
+from autotune.space.model import SearchSpace, knob_value
 from autotune.space.specs import KNOBS
 from autotune.units import GIB
 from bench import common
@@ -429,7 +430,7 @@ def with_probe(space: SearchSpace, iterations: int | None, warmup: int | None) -
         "warmup": space.probe.warmup if warmup is None else warmup,
         "timeout_seconds": space.probe.timeout_seconds,
     }
-    return space.with_settings(probe=probe)
+    return with_settings(space, probe=probe)
 
 
 def parse_args() -> argparse.Namespace:

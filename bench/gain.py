@@ -72,7 +72,8 @@ from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.probe.launcher import run_probe
 from autotune.report.selection import best_feasible
 from autotune.run.prepare import states_floor
-from autotune.space.model import SearchSpace, knob_value, load_space, space_from_dict
+from autotune.space.loading import load_space, space_from_dict
+from autotune.space.model import SearchSpace, knob_value
 from autotune.status import Attr, Status
 from autotune.study.trials import status_counts, trial_config
 from autotune.units import GIB

@@ -29,7 +29,8 @@ import pandas as pd
 
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.calibration import MemoryModel
-from autotune.space.model import SearchSpace, load_space
+from autotune.space.loading import load_space
+from autotune.space.model import SearchSpace
 from bench import common, fidelity
 from bench.memory_points import triples
 

@@ -29,7 +29,8 @@ from rich.console import Console
 
 from autotune.probe.launcher import run_probe
 from autotune.run.prepare import hold_unexported
-from autotune.space.model import SearchSpace, load_space
+from autotune.space.loading import load_space
+from autotune.space.model import SearchSpace
 from autotune.study.trials import config_key
 from bench import common
 

@@ -35,7 +35,7 @@ def space_with_short_probes(folder: Path) -> Path:
     """cpu-tiny with the shortest real probe: no warm-up, one measured iteration."""
     import yaml
 
-    from autotune.space.model import load_space
+    from autotune.space.loading import load_space
 
     data = dict(load_space("cpu-tiny").raw)
     data["probe"] = {**data.get("probe", {}), "warmup": 0, "iterations": 1}

@@ -264,7 +264,7 @@ def in_turn(
 
 
 def binding(args: argparse.Namespace, work: Path, log: Log) -> dict[str, Any]:
-    from autotune.space.model import load_space
+    from autotune.space.loading import load_space
 
     space = load_space(args.space)
     budget = float(space.memory_budget_gib or 0) * 1024**3
@@ -338,7 +338,7 @@ def break_even(search_minutes: float, failed_minutes: float, ratio: float) -> fl
 
 
 def fidelity(args: argparse.Namespace, log: Log) -> dict[str, Any]:
-    from autotune.space.model import load_space
+    from autotune.space.loading import load_space
     from autotune.trainers.registry import run_probe
 
     space = load_space(args.space)

@@ -17,7 +17,7 @@ from autotune.formats.tuned_file import tune_launch_script, tune_override_file
 from autotune.formats.tuned_values import trl_changes, verl_changes
 from autotune.run.from_file import job_space, read_job_file
 from autotune.run.prepare import RunOptions
-from autotune.space.model import space_from_dict
+from autotune.space.loading import space_from_dict
 
 AR = "actor_rollout_ref"
 OVERRIDES = f"""\

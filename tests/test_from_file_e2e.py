@@ -18,7 +18,7 @@ from autotune.formats.trl_read import parse_trl, trl_importable
 from autotune.run.from_file import job_space, read_job_file
 from autotune.run.prepare import RunOptions
 from autotune.run.tuned import write_tuned_file
-from autotune.space.model import space_from_dict
+from autotune.space.loading import space_from_dict
 from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.e2e

@@ -30,7 +30,7 @@ from autotune.config.knobs import (
 from autotune.config.rules import config_findings, raise_for
 from autotune.errors import UserError
 from autotune.formats.verl import format_overrides, verl_keys, verl_overrides
-from autotune.space.model import load_space, space_from_dict
+from autotune.space.loading import load_space, space_from_dict
 from autotune.space.specs import SpaceError
 from autotune.study.storage import redact, remember_password, scrub
 

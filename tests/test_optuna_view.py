@@ -21,7 +21,8 @@ from autotune.models.registry import resolve_model
 from autotune.probe.contract import ProbeSettings
 from autotune.run.tuner import Tuner
 from autotune.search.sampler import SystemSampler
-from autotune.space.model import SearchSpace, config_to_params, load_space, sample_config, upgrade_params
+from autotune.space.loading import load_space, with_settings
+from autotune.space.model import SearchSpace, config_to_params, sample_config, upgrade_params
 from autotune.space.specs import CHOICES
 from autotune.status import Attr, Status
 from autotune.study.outcome import Outcome, record_outcome
@@ -67,8 +68,10 @@ def test_parameters_are_the_knobs_with_their_values_and_one_distribution_each(tm
 
 
 def test_random_sampling_over_a_tuned_recipe_stays_valid_and_fixed_trials_round_trip():
-    space = SPACE.with_settings(
-        tune=["train_batch_size"], knobs={**SPACE.raw["knobs"], "train_batch_size": {"min": 8, "max": 64}}
+    space = with_settings(
+        SPACE,
+        tune=["train_batch_size"],
+        knobs={**SPACE.raw["knobs"], "train_batch_size": {"min": 8, "max": 64}},
     )
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
     for _ in range(80):  # R's range is clipped by T here: a draw past it runs the nearest valid value

@@ -17,7 +17,7 @@ from autotune.config.knobs import ProbeConfig
 from autotune.memory.architecture import Architecture
 from autotune.memory.calibration import MemoryModel
 from autotune.models.registry import resolve_model, resolve_reward_model
-from autotune.space.model import load_space
+from autotune.space.loading import load_space
 from autotune.space.schema import shipped_dir
 from tests.conftest import REPO, run_cli
 

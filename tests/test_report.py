@@ -327,7 +327,7 @@ def test_a_study_run_by_the_tuner_reports_its_winner(tmp_path):
     from autotune.models.registry import resolve_model
     from autotune.probe.contract import ProbeSettings
     from autotune.run.tuner import Tuner
-    from autotune.space.model import load_space
+    from autotune.space.loading import load_space
     from autotune.study.trials import enqueue_seed_configs
 
     space = load_space("cpu-tiny")
@@ -412,7 +412,7 @@ def test_a_study_from_before_the_recipe_was_recorded_still_reports(tmp_path):
 
 def test_the_plan_stores_the_spaces_recipe():
     from autotune.probe.contract import ProbeSettings
-    from autotune.space.model import load_space
+    from autotune.space.loading import load_space
 
     space = load_space("cpu-tiny")
     plan = StudyPlan.of(space, ProbeSettings(), BUDGET, 6)

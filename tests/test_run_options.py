@@ -16,7 +16,7 @@ from autotune.run.prepare import (
     parse_duration,
     resolve_space,
 )
-from autotune.space.model import load_space, space_from_dict
+from autotune.space.loading import load_space, space_from_dict, with_settings
 from autotune.space.schema import shipped_dir
 from autotune.units import GIB
 
@@ -178,7 +178,7 @@ def test_the_floor_is_the_smallest_holding_the_space_allows():
     check_floor(
         space, floor_model(space, "cuda"), budget, 40
     )  # offload_policy holds 13B's states on the host
-    without_offload = space.with_settings(knobs={**space.raw["knobs"], "offload_policy": False})
+    without_offload = with_settings(space, knobs={**space.raw["knobs"], "offload_policy": False})
     with pytest.raises(UserError) as info:
         check_floor(without_offload, floor_model(without_offload, "cuda"), budget, 40)
     message = str(info.value)
@@ -187,8 +187,8 @@ def test_the_floor_is_the_smallest_holding_the_space_allows():
         "offload (`offload_policy: true` in the space's knobs, on CUDA)" in message
         and len(message.splitlines()) == 1
     )
-    replicated = without_offload.with_settings(
-        knobs={**without_offload.raw["knobs"], "sharding": "replicate"}
+    replicated = with_settings(
+        without_offload, knobs={**without_offload.raw["knobs"], "sharding": "replicate"}
     )
     with pytest.raises(
         UserError, match=r"about 507\.6 GiB per rank held replicated .*`sharding: full_shard`.* \(--gpus\)"
@@ -212,7 +212,7 @@ def test_a_gpu_job_without_a_gpu_says_so_and_what_works_here(capsys, monkeypatch
 def test_data_fits_the_recipe_lengths_and_a_collapsed_tuned_length_is_no_longer_tuned(tmp_path):
     from types import SimpleNamespace
 
-    from autotune.run.prepare import fit_space_to_data
+    from autotune.run.job_data import fit_space_to_data
 
     lengths = SimpleNamespace(suggested_prompt_length=40, suggested_response_length=100)
     space, notes = fit_space_to_data(load_space("cpu-tiny"), lengths)
@@ -237,7 +237,7 @@ def test_run_says_why_a_hand_made_config_is_not_enqueued():
         'hand-made config "the article\'s hand-made 13B config (4×A100 40G, FSDP)" is not enqueued: '
         "num_rollout_workers=6: exceeds the 2 physical cores here"
     ]
-    sixteen = load_space("seed-2xa100-80g-7b-lora", cores=64).with_settings(gpus=16)
+    sixteen = with_settings(load_space("seed-2xa100-80g-7b-lora", cores=64), gpus=16)
     assert (
         sixteen.seed_configs == () and "micro_batch_size×gpus=32×16=512" in unfit_seed_lines(sixteen, [])[0]
     )

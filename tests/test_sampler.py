@@ -16,7 +16,8 @@ from autotune.report import pick
 from autotune.run.tuner import Tuner
 from autotune.search.sampler import SystemSampler, choose_next
 from autotune.search.surrogate import Observation, SpeedModel
-from autotune.space.model import at_least_as_large, load_space
+from autotune.space.loading import load_space
+from autotune.space.model import at_least_as_large
 from autotune.status import Attr, Status, StudyAttr
 from autotune.study.trials import config_key, enqueue_seed_configs, trial_config_of
 from autotune.units import GIB

@@ -18,15 +18,8 @@ from autotune.config.rules import config_findings
 from autotune.errors import UserError
 from autotune.formats.verl_table import not_verl_knobs
 from autotune.run.prepare import hold_unexported
-from autotune.space.model import (
-    at_least_as_large,
-    config_to_params,
-    knob_value,
-    load_space,
-    misfits,
-    sample_config,
-    space_from_dict,
-)
+from autotune.space.loading import load_space, space_from_dict, with_settings
+from autotune.space.model import at_least_as_large, config_to_params, knob_value, misfits, sample_config
 from autotune.space.schema import shipped_spaces
 from autotune.space.specs import RECIPE_KNOBS, SpaceError
 
@@ -626,11 +619,11 @@ def test_a_yaml_syntax_error_is_one_line_with_file_and_line(tmp_path):
 
 def test_with_settings_rechecks_the_space():
     space = load_space("cpu-tiny")
-    two = space.with_settings(gpus=2)
+    two = with_settings(space, gpus=2)
     assert two.unit == 2 and two.knob("micro_batch_size") == space.knob("micro_batch_size")
     assert all(config_findings(c, 2, two.cores) == [] for c in two.grid())
     with pytest.raises(SpaceError, match="gpus=0: must be a whole number >= 1"):
-        space.with_settings(gpus=0)
+        with_settings(space, gpus=0)
 
 
 def test_dynamic_ranges_work_with_the_study_samplers():

@@ -17,7 +17,7 @@ from autotune.models.registry import resolve_model
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report.selection import best_feasible
 from autotune.run.tuner import Tuner
-from autotune.space.model import load_space
+from autotune.space.loading import load_space
 from autotune.study.coordination import recover_stale_trials
 from autotune.study.storage import make_storage, redact
 from autotune.study.trials import enqueue_seed_configs, finished_trials, open_study, status_counts

@@ -269,7 +269,7 @@ def test_a_trl_space_with_verls_dynamic_batch_size_is_one_line():
     """TRL pads fixed micro batches: a token budget in a TRL study would be searched and never exported."""
     import copy
 
-    from autotune.space.model import load_space, space_from_dict
+    from autotune.space.loading import load_space, space_from_dict
     from autotune.trainers.trl.space_check import check_trl_space
 
     space = load_space("trl-cpu-tiny")
@@ -341,7 +341,7 @@ def test_a_trl_space_may_tune_the_generation_batch_and_each_is_exported_as_trl_r
     """generation_batch_size is the train batch, part of the recipe: searched only when `tune:` names it."""
     import copy
 
-    from autotune.space.model import load_space, space_from_dict
+    from autotune.space.loading import load_space, space_from_dict
     from autotune.trainers.trl.space_check import check_trl_space
 
     space = load_space("trl-cpu-budget")

@@ -10,8 +10,8 @@ from autotune.config.knobs import ProbeConfig
 from autotune.formats.rollout import VERL_DEFAULT_WORKERS, recorded_resident_bytes, rollout_engine
 from autotune.formats.verl import verl_overrides
 from autotune.formats.verl_defaults import exported_knobs
+from autotune.formats.verl_route import AR
 from autotune.formats.verl_schema import export_default
-from autotune.formats.verl_table import AR
 from autotune.units import GIB
 
 BASE = ProbeConfig()

@@ -26,7 +26,7 @@ from autotune.formats.verl import (
     verl_overrides,
     verl_rule_violations,
 )
-from autotune.space.model import load_space
+from autotune.space.loading import load_space, with_settings
 from tests.conftest import REPO
 
 SEED_51 = ProbeConfig(
@@ -137,7 +137,8 @@ def test_every_config_of_a_space_exports_within_verls_rules(gpus, rollout_n):
     algorithm = "grpo" if rollout_n > 1 else "ppo"
     base = load_space("seed-2xa100-80g-7b-lora")
     batches = {"train_batch_size": {"min": 128, "max": 2048}, "mini_batch_size": {"min": 16, "max": 1024}}
-    space = base.with_settings(
+    space = with_settings(
+        base,
         gpus=gpus,
         rollout_n=rollout_n,
         algorithm=algorithm,

@@ -20,7 +20,8 @@ from autotune.formats.verl import AR, format_overrides, verl_overrides, verl_rul
 from autotune.memory.architecture import Architecture
 from autotune.memory.calibration import MemoryModel
 from autotune.search.policy import calibrated
-from autotune.space.model import at_least_as_large, config_to_params, sample_config, space_from_dict
+from autotune.space.loading import space_from_dict
+from autotune.space.model import at_least_as_large, config_to_params, sample_config
 from autotune.space.specs import SpaceError
 from autotune.trainers.registry import engine_named
 from autotune.units import GIB
@@ -186,7 +187,7 @@ VERL_SPACE_KNOBS = {
 
 
 def space(**knobs):
-    from autotune.space.model import load_space
+    from autotune.space.loading import load_space
 
     tiny = load_space(str(TINY_GRID), cores=4)
     data = copy.deepcopy(dict(tiny.raw))

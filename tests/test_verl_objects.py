@@ -29,7 +29,8 @@ import pytest
 from autotune.config.knobs import ProbeConfig
 from autotune.formats.rollout import rollout_engine
 from autotune.formats.verl import verl_overrides
-from autotune.formats.verl_table import JOB_ROUTES, ROUTES, Job, Key, not_verl_knobs
+from autotune.formats.verl_route import Job, Key
+from autotune.formats.verl_table import JOB_ROUTES, ROUTES, not_verl_knobs
 from tests.conftest import REPO
 from tools.model_dir import write_model_dir
 

@@ -29,7 +29,7 @@ from autotune.probe.verl.dataset import (
     prompt_words,
     write_dataset,
 )
-from autotune.space.model import load_space
+from autotune.space.loading import load_space
 from tests.conftest import REPO
 from tools.model_dir import write_model_dir
 

@@ -248,7 +248,8 @@ def test_the_shipped_verl_space_probes_jobs_verl_accepts(tmp_path):
     import optuna
 
     from autotune.probe.verl.command import verl_run
-    from autotune.space.model import load_space, sample_config
+    from autotune.space.loading import load_space
+    from autotune.space.model import sample_config
 
     space = load_space("verl-qwen2.5-0.5b-1gpu", cores=4)
     sampler = optuna.samplers.RandomSampler(seed=3)

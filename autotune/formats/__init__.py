@@ -20,6 +20,7 @@ __all__ = [
     "verl_config_file",
     "verl_defaults",
     "verl_launch",
+    "verl_route",
     "verl_schema",
     "verl_table",
 ]

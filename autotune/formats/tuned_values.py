@@ -21,8 +21,9 @@ from autotune.config.knobs import ProbeConfig
 from autotune.formats import trl as trl_format
 from autotune.formats.trl_read import parse_trl
 from autotune.formats.verl import DEPRECATED_MICRO, format_value
+from autotune.formats.verl_route import Job
 from autotune.formats.verl_schema import effective
-from autotune.formats.verl_table import ROUTES, Job
+from autotune.formats.verl_table import ROUTES
 
 __all__ = ["trl_changes", "verl_changes"]
 

@@ -47,14 +47,8 @@ from autotune.formats.hydra_read import Line, read_lines
 from autotune.formats.launch_script import LaunchRead, looks_like_launch_script, read_launch_script
 from autotune.formats.rollout import ROLLOUT_ENGINES, RolloutEngine
 from autotune.formats.target import Target
-from autotune.formats.verl_table import (
-    AR,
-    JOB_ROUTES,
-    ROUTES,
-    Job,
-    agent_workers,
-    mini_batch_samples,
-)
+from autotune.formats.verl_route import AR, Job, agent_workers, mini_batch_samples
+from autotune.formats.verl_table import JOB_ROUTES, ROUTES
 
 __all__ = [
     "AR",

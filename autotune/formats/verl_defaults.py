@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.formats.rollout import VERL_DEFAULT_WORKERS, RolloutEngine
+from autotune.formats.verl_route import AR
 from autotune.formats.verl_schema import export_default
-from autotune.formats.verl_table import AR
 
 __all__ = ["DEFAULT", "ExportedKnob", "exported_knobs"]
 

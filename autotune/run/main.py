@@ -14,6 +14,7 @@ from autotune.files import hold_lock, make_folder
 from autotune.memory.budget import Budget
 from autotune.report.lines import LEGEND, VERL_LEGEND
 from autotune.report.tables import recipe_lines
+from autotune.run.job_data import data_prompts_file
 from autotune.run.live import RUN_LOG, Narrator
 from autotune.run.loop import (
     TIME_SPENT,
@@ -25,7 +26,7 @@ from autotune.run.loop import (
     settle_gain,
     settle_pick,
 )
-from autotune.run.prepare import RunOptions, data_prompts_file, default_study_name, prepare
+from autotune.run.prepare import RunOptions, default_study_name, prepare
 from autotune.run.slots import plan_slots
 from autotune.run.tuner import Tuner
 from autotune.search.sampler import SystemSampler

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +26,10 @@ from autotune.errors import UserError
 from autotune.memory.budget import Budget
 from autotune.memory.calibration import MemoryModel
 from autotune.probe.contract import ProbeSettings
-from autotune.space.model import SearchSpace, batch_value_problem, space_from_dict
+from autotune.run.identity import identity_fingerprint, study_identity
+from autotune.run.job_data import fit_space_to_data
+from autotune.space.loading import space_from_dict
+from autotune.space.model import SearchSpace, batch_value_problem
 from autotune.space.specs import MINI, OFFLOAD_KNOBS, SYSTEM_KNOBS, TP, TRAIN
 from autotune.trainers.registry import DEFAULT_TRAINER, ProbeEngine, Trainer, engine_named, trainer_named
 from autotune.units import GIB
@@ -39,12 +40,8 @@ __all__ = [
     "check_floor",
     "check_offload",
     "command_line_space",
-    "data_prompts_file",
     "default_study_name",
-    "fit_space_to_data",
     "hold_unexported",
-    "length_knob_at_least",
-    "machine_identity",
     "parse_duration",
     "prepare",
     "probe_settings",
@@ -54,7 +51,6 @@ __all__ = [
     "tensor_parallel_for_heads",
 ]
 
-PROMPTS_LIMIT = 10_000  # prompt texts of --data the probes draw from
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -264,7 +260,7 @@ def run_device(options: RunOptions, space: SearchSpace, cluster: Any) -> tuple[s
 def resolve_space(options: RunOptions, console: Console, job: Any = None) -> tuple[SearchSpace, Any, Any]:
     """The space with the command line's model, GPUs, reward model and recipe flags, fitted to `--data`; or
     the space of the file of --from (`job`), with what the flags overrode (else None)."""
-    from autotune.space.model import space_from_dict
+    from autotune.space.loading import space_from_dict
     from autotune.space.schema import read_space
 
     from_file = None
@@ -506,96 +502,3 @@ def _more_holdings(space: SearchSpace) -> str:
     if not any(any(h[name] for name in OFFLOAD_KNOBS) for h in offered):
         return ", offload (`offload_policy: true` in the space's knobs, on CUDA)"
     return ""
-
-
-def study_identity(
-    actor: Any,
-    reward: Any,
-    settings: ProbeSettings,
-    device: str,
-    budget: Budget,
-    lengths: Any,
-    recipe: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """What a study's measurements depend on, beyond the configurations themselves (the recipe too: trials
-    of another T or mini batch train another algorithm, and must not be mixed into the selection; and whose
-    passes the probe runs on which lengths: a probe of verl's packed passes measures another job than one of
-    padded rows)."""
-    prompts = None
-    if lengths is not None and lengths.prompt_texts:
-        prompts = _digest(json.dumps(lengths.prompt_texts[:PROMPTS_LIMIT]))
-    responses = (settings.lengths or {}).get("responses")
-    return {
-        **machine_identity(actor, reward, device, settings.world_size, settings.nodes),
-        "budget_bytes": budget.bytes,
-        "iterations": f"{settings.warmup_iterations} warm-up + {settings.iterations} measured",
-        "prompts": prompts or "synthetic",
-        "passes": settings.passes,
-        "responses": _digest(json.dumps(responses)) if responses else "at the limit",
-        **({"engine": settings.engine} if settings.engine != "builtin" else {}),  # older studies: builtin
-        **({"recipe": recipe} if recipe is not None else {}),
-    }
-
-
-def machine_identity(actor: Any, reward: Any, device: str, gpus: int, nodes: int = 1) -> dict[str, Any]:
-    """The part of a study's identity each worker brings: its models (by fingerprint: the architecture and
-    weights, not the folder's name), its device and its ranks per probe (and the nodes they span: ranks
-    that talk over a network time differently)."""
-    from autotune.models.registry import fingerprint
-
-    return {
-        "model": fingerprint(actor),
-        "reward_model": fingerprint(reward) if reward is not None else "function",
-        "device": device,
-        "gpus": gpus,
-        **({"nodes": nodes} if nodes > 1 else {}),  # older studies: one node
-    }
-
-
-def identity_fingerprint(identity: dict[str, Any]) -> str:
-    return _digest(json.dumps(identity, sort_keys=True))[:8]
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def length_knob_at_least(space, name: str, minimum: int) -> Any:
-    """The knob's YAML value with every length below `minimum` dropped and `minimum` itself offered.
-
-    A fixed length becomes the data's suggestion; a range keeps its values at or above it, plus it.
-    """
-    spec = space.knob(name)
-    if spec.kind == "fixed":
-        return minimum
-    kept = sorted({value for value in spec.values() if value > minimum} | {minimum})
-    return kept[0] if len(kept) == 1 else {"choices": kept}
-
-
-def fit_space_to_data(space, report) -> tuple[Any, list[str]]:
-    """Bound the length knobs below by the data's suggestions (p95 prompts, p90 responses); a tuned length
-    left with one value is no longer tuned."""
-    from autotune.space.model import space_from_dict
-
-    limits = {
-        "max_prompt_length": report.suggested_prompt_length,
-        "max_response_length": report.suggested_response_length,
-    }
-    data = copy.deepcopy(dict(space.raw))
-    notes = []
-    for name, minimum in limits.items():
-        if minimum is None:
-            notes.append(f"{name}: the data has no responses; the space's values are kept")
-            continue
-        data["knobs"][name] = length_knob_at_least(space, name, minimum)
-        notes.append(f"{name} >= {minimum} (the data's suggestion): {data['knobs'][name]}")
-        if not isinstance(data["knobs"][name], dict) and name in data.get("tune", []):
-            data["tune"] = [knob for knob in data["tune"] if knob != name]  # one value left: nothing to tune
-    return space_from_dict(data, source=space.source, cores=space.cores, name=space.name), notes
-
-
-def data_prompts_file(report, out_dir: Path, limit: int = PROMPTS_LIMIT) -> Path:
-    """The data's prompt texts (templated when chat), for the probe's DataLoader to tokenize."""
-    path = out_dir / "data_prompts.json"
-    path.write_text(json.dumps(report.prompt_texts[:limit]))
-    return path

@@ -85,13 +85,14 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     from autotune.memory.calibration import MemoryModel
     from autotune.models.registry import resolve_model, resolve_reward_model
     from autotune.probe.devices import device_label, resolve_device
+    from autotune.run.identity import machine_identity
     from autotune.run.live import RUN_LOG, Narrator
     from autotune.run.loop import LiveView, print_summary, probe_study
-    from autotune.run.prepare import check_offload, machine_identity, rollout_card_bytes
+    from autotune.run.prepare import check_offload, rollout_card_bytes
     from autotune.run.slots import plan_slots
     from autotune.run.tuner import Tuner
     from autotune.search.sampler import SystemSampler
-    from autotune.space.model import space_from_dict
+    from autotune.space.loading import space_from_dict
     from autotune.study.outage import PENDING_FILE
     from autotune.study.trials import check_study_name, finished_trials, memory_model_error, open_study
     from autotune.trainers.registry import engine_named, trainer_named
