@@ -7,6 +7,7 @@ import dataclasses
 
 import optuna
 import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.budget import Budget
@@ -14,7 +15,7 @@ from autotune.memory.calibration import MemoryModel
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report import pick
 from autotune.run.tuner import Tuner
-from autotune.search.sampler import SystemSampler, choose_next
+from autotune.search.sampler import SystemSampler, _fits, choose_next
 from autotune.search.surrogate import Observation, SpeedModel
 from autotune.space.loading import load_space
 from autotune.space.model import at_least_as_large
@@ -280,3 +281,18 @@ def test_beyond_the_noise_the_faster_leaves_the_default():
     )
     chosen = pick.choose(study, budget, defaults)
     assert config_key(trial_config_of(chosen)) == config_key(faster)
+
+
+def test_a_chosen_value_fits_a_distribution_by_its_public_bounds() -> None:
+    """The sampler hands Optuna only values the asked-for distribution holds; any other is drawn at random."""
+    assert _fits(CategoricalDistribution([1, 2, 4]), 2)
+    assert not _fits(CategoricalDistribution([1, 2, 4]), 8)
+    assert _fits(CategoricalDistribution([True, False]), False)
+    assert _fits(IntDistribution(1, 9, step=2), 5)
+    assert not _fits(IntDistribution(1, 9, step=2), 4)  # off the step
+    assert not _fits(IntDistribution(1, 9, step=2), 11)  # past high
+    assert not _fits(IntDistribution(1, 9), "many")  # another kind of value
+    assert _fits(FloatDistribution(0.0, 1.0), 0.3)
+    assert not _fits(FloatDistribution(0.0, 1.0), 1.5)
+    assert _fits(FloatDistribution(0.0, 1.0, step=0.1), 0.3)
+    assert not _fits(FloatDistribution(0.0, 1.0, step=0.25), 0.3)

@@ -32,6 +32,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "autotune check config.yaml --gpus 2 --trace --verl-python /opt/verl/bin/python",
         ],
     )
+    _add_config_arguments(parser)
+    _add_context_arguments(parser)
+    _add_trace_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print a JSON object")
+    parser.set_defaults(handler=run)
+
+
+def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """The file to judge, and the GPUs and card it is judged for."""
     parser.add_argument(
         "config",
         type=Path,
@@ -48,6 +57,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     card.add_argument("--gpu", help="the card: a100-40g, a100-80g, h100-80g, h200, rtx3090, l40s, ...")
     card.add_argument("--memory-budget", type=GIB, metavar="GIB", help="memory per GPU in GiB")
     add_alias(card, "--memory", "memory_budget", GIB)
+
+
+def _add_context_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the file itself does not say: the data, the model, the machine's cores, a past run's lengths."""
     parser.add_argument("--data", type=Path, help="a dataset to check the lengths against (as `lengths`)")
     parser.add_argument("--model", help="registry name or local directory (default: from the config)")
     parser.add_argument("--cores", type=COUNT, help="physical cores of the training machine")
@@ -60,6 +73,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="a previous verl run's log (its file logger's JSON lines, or its console output): the memory "
         "verdict takes that run's response lengths, and its prompts' without --data",
     )
+
+
+def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    """The traced second opinion on memory (--trace) and where it runs."""
     parser.add_argument(
         "--trace",
         action="store_true",
@@ -79,8 +96,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help=f"with --trace: the python of an environment with verl {VERL_VERSION}; the trace runs there, "
         "its log-probs, entropy and losses by verl's own functions (default: autotune's, in this python)",
     )
-    parser.add_argument("--json", action="store_true", help="print a JSON object")
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

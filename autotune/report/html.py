@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Literal
 import matplotlib
 from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
-from autotune.formats.trl import launch_line as trl_launch_line
 from autotune.report.data import config_yaml
 from autotune.report.tables import (
     VERL_DEFAULTS_LEAD,
@@ -187,6 +186,16 @@ def pareto_figure(report: ReportData) -> Figure:
     for key in STYLES:
         if key in groups:
             _scatter_group(ax, *groups[key], key)
+    _front_and_pick(ax, report)
+    _marked_trials(ax, report, x_max)
+    _budget_lines(ax, report, vertical=True)
+    ax.set_xlim(x_min, x_max)
+    _label(ax, "peak memory per GPU (GiB)", "samples / sec", "Pareto front: throughput against peak memory")
+    return fig
+
+
+def _front_and_pick(ax: Axes, report: ReportData) -> None:
+    """The feasible front as a step line, and the chosen trial as a star on it: what the plot is read for."""
     front = sorted(report.selection.front, key=lambda t: t.values[1])
     if front:
         ax.step(
@@ -209,6 +218,11 @@ def pareto_figure(report: ReportData) -> Figure:
             zorder=5,
             label=f"chosen: trial #{chosen.number}",
         )
+
+
+def _marked_trials(ax: Axes, report: ReportData, x_max: float) -> None:
+    """Rings round the probes other work slowed, and the hand-made configs named: points not to read as
+    ordinary ones. Like every point, those past `x_max` sit on the right edge."""
     slowed = [t for t, _ in report.disturbed if t.values is not None and trial_status(t) == Status.OK]
     if slowed:  # their samples/s understate their configurations: a ring, not an ordinary point
         ax.scatter(
@@ -230,10 +244,6 @@ def pareto_figure(report: ReportData) -> Figure:
             fontsize=8,
             color="#444",
         )
-    _budget_lines(ax, report, vertical=True)
-    ax.set_xlim(x_min, x_max)
-    _label(ax, "peak memory per GPU (GiB)", "samples / sec", "Pareto front: throughput against peak memory")
-    return fig
 
 
 def memory_micro_figure(report: ReportData) -> Figure:
@@ -374,7 +384,7 @@ def _copy(report: ReportData) -> str:
         )
         return f"<p>The closest trials, and what to change:</p>{html_table(closest_table(report))}{tips}"
     if report.trl_config is not None:
-        launch = trl_launch_line("trl_config.yaml", report.plan.gpus)
+        launch = launch_line(report)
         return (
             '<div class="copy"><div><h3>The configuration (best_config.yaml)</h3>'
             f"<pre>{html.escape(config_yaml(report))}</pre></div>"
@@ -407,82 +417,9 @@ def _lead(report: ReportData) -> str:
 def render_html(report: ReportData) -> str:
     chosen = report.selection.chosen
     chosen_row = f"#{chosen.number}" if chosen is not None else None
-    budget_caption = (
-        f"Solid red: the budget ({gib(report.budget.bytes)} GiB); dashed: budget less headroom "
-        f"({gib(report.budget.limit)} GiB), the feasibility limit."
-    )
-    study_text = "<br>".join(html.escape(line) for line in study_lines(report))
     sections = [
-        _section("copy", "What to copy" if chosen else "What to change", _copy(report)),
-        *(
-            [
-                _section(
-                    "verl-defaults",
-                    "verl's keys beside verl's defaults",
-                    f"<p>{html.escape(VERL_DEFAULTS_LEAD)}</p>" + html_table(verl_defaults_table(report)),
-                )
-            ]
-            if report.verl_knobs
-            else []
-        ),
-        _section("gains", "Gain over the hand-made configs", html_table(gains_table(report))),
-        *(
-            [
-                _section(
-                    "near-misses", "Near misses: faster, but not picked", html_table(near_miss_table(report))
-                )
-            ]
-            if report.near_misses
-            else []
-        ),
-        _section("study", "The study", f'<p class="meta">{study_text}</p>'),
-        *(
-            [
-                _section(
-                    "remeasured",
-                    "Re-measured before the pick",
-                    f"<p>{html.escape(remeasured_lead(report))}</p>"
-                    + html_table(remeasured_table(report), chosen_row),
-                )
-            ]
-            if report.remeasured
-            else []
-        ),
-        _section(
-            "pareto",
-            "Pareto front",
-            _figure(
-                _svg(pareto_figure(report), "pareto-front"),
-                budget_caption + " Points beyond the right edge are clipped to it.",
-            )
-            + html_table(front_table(report), chosen_row)
-            + f'<p class="meta">{html.escape(legend_line(report))}</p>',
-        ),
-        _section(
-            "memory-vs-micro",
-            "Peak memory against micro batch size",
-            _figure(_svg(memory_micro_figure(report), "memory-vs-micro"), budget_caption),
-        ),
-        _section(
-            "phases",
-            "Time per phase",
-            _figure(
-                _svg(phases_figure(report), "phases"),
-                "Mean seconds per iteration of each phase, for "
-                "the Pareto front's configs (* = a hand-made config).",
-            ),
-        ),
-        _section(
-            "memory-model",
-            "Memory model",
-            f"<p>{html.escape(model_error_line(report))}</p>"
-            + _figure(
-                _svg(memory_model_figure(report), "memory-model"),
-                "Each point: the peak the model "
-                "predicted before launching the probe, against the peak the probe measured.",
-            )
-            + html_table(memory_model_table(report)),
-        ),
+        *_decision_sections(report, chosen_row),
+        *_plot_sections(report, chosen_row),
         _section("trials", "Every trial", html_table(trials_table(report), chosen_row)),
         _section("cost", "Cost of the study", html_table(cost_table(report), header=False)),
         f'<p class="meta">{html.escape(legend_line(report))}</p>',
@@ -494,3 +431,65 @@ def render_html(report: ReportData) -> str:
         f'<link rel="icon" href="data:,"><title>{html.escape(title)}</title><style>{CSS}</style></head>'
         f"<body><h1>{html.escape(title)}</h1>{_lead(report)}{''.join(sections)}</body></html>\n"
     )
+
+
+def _decision_sections(report: ReportData, chosen_row: str | None) -> list[str]:
+    """What the study decided, before any plot: what to copy, verl's keys, the gain, the near misses, the
+    study and its re-measures. A section with nothing to say is left out, not shown empty."""
+    sections = [_section("copy", "What to copy" if chosen_row else "What to change", _copy(report))]
+    if report.verl_knobs:
+        lead = f"<p>{html.escape(VERL_DEFAULTS_LEAD)}</p>"
+        table = html_table(verl_defaults_table(report))
+        sections.append(_section("verl-defaults", "verl's keys beside verl's defaults", lead + table))
+    sections.append(_section("gains", "Gain over the hand-made configs", html_table(gains_table(report))))
+    if report.near_misses:
+        table = html_table(near_miss_table(report))
+        sections.append(_section("near-misses", "Near misses: faster, but not picked", table))
+    study_text = "<br>".join(html.escape(line) for line in study_lines(report))
+    sections.append(_section("study", "The study", f'<p class="meta">{study_text}</p>'))
+    if report.remeasured:
+        lead = f"<p>{html.escape(remeasured_lead(report))}</p>"
+        table = html_table(remeasured_table(report), chosen_row)
+        sections.append(_section("remeasured", "Re-measured before the pick", lead + table))
+    return sections
+
+
+def _plot_sections(report: ReportData, chosen_row: str | None) -> list[str]:
+    """The four plots, each with its caption and, where one reads it, the table behind it."""
+    budget_caption = (
+        f"Solid red: the budget ({gib(report.budget.bytes)} GiB); dashed: budget less headroom "
+        f"({gib(report.budget.limit)} GiB), the feasibility limit."
+    )
+    pareto = _figure(
+        _svg(pareto_figure(report), "pareto-front"),
+        budget_caption + " Points beyond the right edge are clipped to it.",
+    )
+    phases_caption = (
+        "Mean seconds per iteration of each phase, for the Pareto front's configs (* = a hand-made config)."
+    )
+    model_caption = (
+        "Each point: the peak the model "
+        "predicted before launching the probe, against the peak the probe measured."
+    )
+    return [
+        _section(
+            "pareto",
+            "Pareto front",
+            pareto
+            + html_table(front_table(report), chosen_row)
+            + f'<p class="meta">{html.escape(legend_line(report))}</p>',
+        ),
+        _section(
+            "memory-vs-micro",
+            "Peak memory against micro batch size",
+            _figure(_svg(memory_micro_figure(report), "memory-vs-micro"), budget_caption),
+        ),
+        _section("phases", "Time per phase", _figure(_svg(phases_figure(report), "phases"), phases_caption)),
+        _section(
+            "memory-model",
+            "Memory model",
+            f"<p>{html.escape(model_error_line(report))}</p>"
+            + _figure(_svg(memory_model_figure(report), "memory-model"), model_caption)
+            + html_table(memory_model_table(report)),
+        ),
+    ]

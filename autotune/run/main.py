@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -26,7 +26,7 @@ from autotune.run.loop import (
     settle_gain,
     settle_pick,
 )
-from autotune.run.prepare import RunOptions, default_study_name, prepare
+from autotune.run.prepare import Prepared, RunOptions, default_study_name, prepare
 from autotune.run.slots import plan_slots
 from autotune.run.tuner import Tuner
 from autotune.search.sampler import SystemSampler
@@ -49,6 +49,12 @@ from autotune.study.trials import (
     open_study,
 )
 from autotune.units import GIB
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.probe.contract import ProbeSettings
+    from autotune.run.from_file import JobFile
 
 __all__ = ["EXIT_INTERRUPTED", "finish", "run_study", "start_message", "unfit_seed_lines"]
 
@@ -90,38 +96,18 @@ def _run_study(options: RunOptions, console: Console, cluster: Any) -> int:
     else:
         study_name = default_study_name(space.name, space.model, space.gpus, job.fingerprint)
     out_dir = make_folder(options.out / study_name)
-    settings = job.settings
-    if job.lengths is not None and job.lengths.prompt_texts:
-        prompts = data_prompts_file(job.lengths, out_dir).resolve()
-        settings = dataclasses.replace(settings, prompts_file=str(prompts))
+    settings = _with_data_prompts(job, out_dir)
     storage = options.storage or default_storage_url(out_dir, options.parallel)
     check_parallel_safe(storage, options.parallel, by_default=options.storage is None)
     slots = plan_slots(options.parallel, space.gpus, settings.device, cluster=cluster is not None)
     with one_tuner_per_sqlite_study(storage, study_name):
         study = open_study(storage, study_name, options.seed)
         check_same_job(study, job.identity)
-        export = {
-            "rollout_engine": options.rollout_engine,
-            "target": options.target,
-            "model_parameters": job.memory_model.arch.actor_parameters,
-            "attention_heads": job.memory_model.arch.heads,
-            "generation_share": job.generation_share,
-        }
-        plan = StudyPlan.of(space, settings, job.budget, options.trials, job.identity, **export)
-        plan.save(study)
+        plan = _saved_plan(study, options, job, settings)
         narrator = Narrator(console, out_dir / RUN_LOG)
         done_before = len(finished_trials(study))
         narrator.say(start_message(study_name, storage, job.budget, done_before))
-        for line in recipe_lines(plan):
-            narrator.say(line, markup=False)
-        fresh = not study.user_attrs.get(StudyAttr.SEEDED)
-        seeded = enqueue_seed_configs(study, space)
-        if seeded:
-            narrator.say(f"enqueued the hand-made configs first: {', '.join(seeded)}", markup=False)
-        for line in unfit_seed_lines(space, seeded) if fresh else []:
-            narrator.say(line, markup=False)
-        verl_knobs = options.probe_engine.runs_rollout or bool(space.verl_knobs)
-        narrator.say(LEGEND + (VERL_LEGEND if verl_knobs else ""), markup=False)
+        _enqueue_and_announce(study, plan, options, space, narrator)
         pending = out_dir / PENDING_FILE
         tuner = Tuner(
             study, space, settings, job.budget, job.memory_model, storage_url=storage, pending_path=pending
@@ -134,22 +120,73 @@ def _run_study(options: RunOptions, console: Console, cluster: Any) -> int:
             settle_pick(tuner, slots[0].apply(settings), narrator)
             settle_gain(tuner, slots[0].apply(settings), narrator, options.gain_rounds)
         print_summary(tuner, narrator, *memory_model_error(study))
-        run = {
-            "stopped": reason,
-            "trials_done": len(finished_trials(study)),
-            "trials_asked": options.trials,
-            "trials_before": done_before,
-            "complete": reason in (TRIALS_DONE, TIME_SPENT),
-            "interrupted": control_stopped(reason),
-        }
-        after = None
-        if job_file is not None:
-            from autotune.run.tuned import hand_back
-
-            def after(result: Any) -> None:
-                hand_back(job_file, job.from_file, space, result, narrator)
-
+        run = _run_record(reason, len(finished_trials(study)), options.trials, done_before)
+        after = _hand_back_after(job_file, job, narrator) if job_file is not None else None
         return finish(tuner, plan, out_dir, narrator, run, options.json, after)
+
+
+def _with_data_prompts(job: Prepared, out_dir: Path) -> ProbeSettings:
+    """The probe settings, reading the data's own prompts from a file in the study's folder when `--data`
+    gave prompts: every probe, and every worker that joins, then draws the same ones."""
+    if job.lengths is None or not job.lengths.prompt_texts:
+        return job.settings
+    prompts = data_prompts_file(job.lengths, out_dir).resolve()
+    return dataclasses.replace(job.settings, prompts_file=str(prompts))
+
+
+def _saved_plan(
+    study: optuna.Study, options: RunOptions, job: Prepared, settings: ProbeSettings
+) -> StudyPlan:
+    """The run's plan, stored with the study: `autotune worker` and `autotune report` read it from there."""
+    export = {
+        "rollout_engine": options.rollout_engine,
+        "target": options.target,
+        "model_parameters": job.memory_model.arch.actor_parameters,
+        "attention_heads": job.memory_model.arch.heads,
+        "generation_share": job.generation_share,
+    }
+    plan = StudyPlan.of(job.space, settings, job.budget, options.trials, job.identity, **export)
+    plan.save(study)
+    return plan
+
+
+def _enqueue_and_announce(
+    study: optuna.Study, plan: StudyPlan, options: RunOptions, space: SearchSpace, narrator: Narrator
+) -> None:
+    """Say the recipe the study holds, enqueue the hand-made configs first (the gain's baselines) and say
+    which could not be, then the legend of the trial lines that follow."""
+    for line in recipe_lines(plan):
+        narrator.say(line, markup=False)
+    fresh = not study.user_attrs.get(StudyAttr.SEEDED)
+    seeded = enqueue_seed_configs(study, space)
+    if seeded:
+        narrator.say(f"enqueued the hand-made configs first: {', '.join(seeded)}", markup=False)
+    for line in unfit_seed_lines(space, seeded) if fresh else []:
+        narrator.say(line, markup=False)
+    verl_knobs = options.probe_engine.runs_rollout or bool(space.verl_knobs)
+    narrator.say(LEGEND + (VERL_LEGEND if verl_knobs else ""), markup=False)
+
+
+def _run_record(reason: str, trials_done: int, trials_asked: int, trials_before: int) -> dict[str, Any]:
+    """How the run ended, for the summary: why it stopped, and the trials it found, asked for and left."""
+    return {
+        "stopped": reason,
+        "trials_done": trials_done,
+        "trials_asked": trials_asked,
+        "trials_before": trials_before,
+        "complete": reason in (TRIALS_DONE, TIME_SPENT),
+        "interrupted": control_stopped(reason),
+    }
+
+
+def _hand_back_after(job_file: JobFile, job: Prepared, narrator: Narrator) -> Callable[[Any], None]:
+    """For --from: once the report is written, hand the user's file back tuned beside it."""
+    from autotune.run.tuned import hand_back
+
+    def after(result: Any) -> None:
+        hand_back(job_file, job.from_file, job.space, result, narrator)
+
+    return after
 
 
 def unfit_seed_lines(space: SearchSpace, seeded: list[str]) -> list[str]:

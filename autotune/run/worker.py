@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -18,6 +19,14 @@ from autotune.errors import UserError
 from autotune.probe.contract import ProbeSettings
 from autotune.study.plan import StudyPlan, check_same_job
 from autotune.study.storage import check_parallel_safe, is_sqlite, redact
+
+if TYPE_CHECKING:
+    from autotune.memory.budget import Budget
+    from autotune.memory.calibration import MemoryModel
+    from autotune.models.registry import ModelSpec
+    from autotune.run.slots import Slot
+    from autotune.run.tuner import Tuner
+    from autotune.space.model import SearchSpace
 
 __all__ = ["WorkerOptions", "check_shared_storage", "run_worker", "stored_plan", "worker_settings"]
 
@@ -80,22 +89,16 @@ def worker_settings(
 
 
 def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
-    from autotune.files import make_folder
-    from autotune.memory.architecture import Architecture
-    from autotune.memory.calibration import MemoryModel
     from autotune.models.registry import resolve_model, resolve_reward_model
     from autotune.probe.devices import device_label, resolve_device
     from autotune.run.identity import machine_identity
-    from autotune.run.live import RUN_LOG, Narrator
-    from autotune.run.loop import LiveView, print_summary, probe_study
-    from autotune.run.prepare import check_offload, rollout_card_bytes
+    from autotune.run.prepare import check_offload
     from autotune.run.slots import plan_slots
     from autotune.run.tuner import Tuner
     from autotune.search.sampler import SystemSampler
-    from autotune.space.loading import space_from_dict
     from autotune.study.outage import PENDING_FILE
-    from autotune.study.trials import check_study_name, finished_trials, memory_model_error, open_study
-    from autotune.trainers.registry import engine_named, trainer_named
+    from autotune.study.trials import check_study_name, open_study
+    from autotune.trainers.registry import engine_named
 
     console = console or Console()
     check_study_name(options.study)
@@ -103,6 +106,33 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     check_parallel_safe(options.storage, writers=2)  # a worker always shares the study with another
     study = open_study(options.storage, options.study, seed=None, create=False)  # seeds differ per worker
     plan = stored_plan(study, options.study, options.storage)
+    space = _joinable_space(plan, options)
+    device = resolve_device(options.device, space.gpus)
+    check_offload(space, device)
+    engine_named(plan.settings.get("engine")).check_space_knobs(space, device)
+    settings = worker_settings(
+        plan, device, options.trust_remote_code, options.verl_python, options.trl_python
+    )
+    actor = resolve_model(space.model, settings.weights, options.trust_remote_code)
+    reward = resolve_reward_model(space.reward_model)
+    here = machine_identity(actor, reward, device_label(device), space.gpus)  # the study's job, or another?
+    check_same_job(study, here, keys=tuple(here))
+    budget = _stored_budget(plan, options)
+    model = _memory_model(actor, reward, space, settings, device, budget, plan.target)
+    slots = plan_slots(options.parallel, space.gpus, device)
+    trials = options.trials or int(plan.trials or 0)
+    pending = options.out / options.study / PENDING_FILE
+    tuner = Tuner(study, space, settings, budget, model, storage_url=options.storage, pending_path=pending)
+    study.sampler = SystemSampler(space, model, budget)
+    _probe_as_worker(tuner, plan, options, trials, slots, device, console)
+    return 0
+
+
+def _joinable_space(plan: StudyPlan, options: WorkerOptions) -> SearchSpace:
+    """The study's space, where this worker can probe it as the study does: on one machine (a worker cannot
+    span Ray nodes) and on the study's GPUs per probe (else its samples/sec would not compare)."""
+    from autotune.space.loading import space_from_dict
+
     if plan.nodes > 1:
         raise UserError(
             f"study {options.study!r} measures probes that span {plan.nodes} nodes of a Ray cluster, and a "
@@ -115,37 +145,63 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
             f"--gpus {options.gpus}: study {options.study!r} measures probes on {space.gpus} GPU(s) each; "
             f"a worker must use the same, or its samples/sec would not compare (leave --gpus out)"
         )
-    device = resolve_device(options.device, space.gpus)
-    check_offload(space, device)
-    engine = engine_named(plan.settings.get("engine"))
-    engine.check_space_knobs(space, device)
-    settings = worker_settings(
-        plan, device, options.trust_remote_code, options.verl_python, options.trl_python
-    )
-    actor = resolve_model(space.model, settings.weights, options.trust_remote_code)
-    reward = resolve_reward_model(space.reward_model)
-    here = machine_identity(actor, reward, device_label(device), space.gpus)  # the study's job, or another?
-    check_same_job(study, here, keys=tuple(here))
-    budget = plan.budget
-    if budget is None:  # `autotune run` stores it with the plan: only a damaged or partial plan lacks it
+    return space
+
+
+def _stored_budget(plan: StudyPlan, options: WorkerOptions) -> Budget:
+    """The study's own memory budget: a worker measures against it, never against one of its own."""
+    if plan.budget is None:  # `autotune run` stores it with the plan: only a damaged or partial plan lacks it
         raise UserError(
             f"study {options.study!r} in {redact(options.storage)} stores no memory budget: a worker "
             f"measures against the study's own; start the study with `autotune run` first"
         )
-    card = rollout_card_bytes(engine, device, budget, trainer_named(plan.target))
-    model = MemoryModel(
+    return plan.budget
+
+
+def _memory_model(
+    actor: ModelSpec,
+    reward: ModelSpec | None,
+    space: SearchSpace,
+    settings: ProbeSettings,
+    device: str,
+    budget: Budget,
+    target: str,
+) -> MemoryModel:
+    """The memory model of the study's job on this machine's device, uncalibrated: the sampler calibrates it
+    on the study's measured probes, whichever worker ran them."""
+    from autotune.memory.architecture import Architecture
+    from autotune.memory.calibration import MemoryModel
+    from autotune.run.prepare import rollout_card_bytes
+    from autotune.trainers.registry import engine_named, trainer_named
+
+    engine = engine_named(settings.engine)
+    return MemoryModel(
         Architecture.from_specs(actor, reward),
         space.gpus,
         device,
-        rollout_card_bytes=card,
+        rollout_card_bytes=rollout_card_bytes(engine, device, budget, trainer_named(target)),
         lengths=JobLengths.from_dict(settings.lengths),
         passes=engine.model_passes(Passes(settings.passes)),
     )
-    slots = plan_slots(options.parallel, space.gpus, device)
-    trials = options.trials or int(plan.trials or 0)
-    pending = options.out / options.study / PENDING_FILE
-    tuner = Tuner(study, space, settings, budget, model, storage_url=options.storage, pending_path=pending)
-    study.sampler = SystemSampler(space, model, budget)
+
+
+def _probe_as_worker(
+    tuner: Tuner,
+    plan: StudyPlan,
+    options: WorkerOptions,
+    trials: int,
+    slots: list[Slot],
+    device: str,
+    console: Console,
+) -> None:
+    """Probe until the study has `trials`, saying so in the same lines as `run`, then how to get the report
+    (a worker writes none: the study may still be running elsewhere)."""
+    from autotune.files import make_folder
+    from autotune.run.live import RUN_LOG, Narrator
+    from autotune.run.loop import LiveView, print_summary, probe_study
+    from autotune.study.trials import finished_trials, memory_model_error
+
+    study, space = tuner.study, tuner.space
     console.print(
         f"joining study [bold]{options.study}[/bold] in {redact(options.storage)}: "
         f"{len(finished_trials(study))} of {trials} trials complete; {space.model} on {space.gpus} "
@@ -162,4 +218,3 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
         markup=False,
         highlight=False,
     )
-    return 0

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import optuna
-from optuna.distributions import BaseDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.knobs import ProbeConfig
@@ -67,7 +67,8 @@ class SystemSampler(optuna.samplers.BaseSampler):
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._rng = random.Random(seed)
         self._candidates: list[ProbeConfig] | None = None
-        # trial id -> the configuration chosen for it and its Optuna parameters (None: nothing left to choose)
+        # trial number (unique within the study, which is this sampler's only one) -> the configuration chosen
+        # for it and its Optuna parameters (None: nothing left to choose)
         self._targets: dict[int, tuple[ProbeConfig, dict[str, Any]] | None] = {}
         self._lock = threading.Lock()
 
@@ -84,9 +85,9 @@ class SystemSampler(optuna.samplers.BaseSampler):
         self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
     ) -> Any:
         with self._lock:
-            if trial._trial_id not in self._targets:
-                self._targets[trial._trial_id] = self._legacy_target(trial) or self._target(study)
-            target = self._targets[trial._trial_id]
+            if trial.number not in self._targets:
+                self._targets[trial.number] = self._legacy_target(trial) or self._target(study)
+            target = self._targets[trial.number]
         value = target[1].get(param_name) if target is not None else None
         if value is not None and _fits(param_distribution, value):
             return value
@@ -114,7 +115,7 @@ class SystemSampler(optuna.samplers.BaseSampler):
 
     def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Any) -> None:
         with self._lock:
-            self._targets.pop(trial._trial_id, None)
+            self._targets.pop(trial.number, None)
 
     def candidates(self) -> list[ProbeConfig]:
         if self._candidates is None:
@@ -207,7 +208,21 @@ def observations(trials: Sequence[FrozenTrial]) -> list[Observation]:
 
 
 def _fits(distribution: BaseDistribution, value: Any) -> bool:
-    try:
-        return distribution._contains(distribution.to_internal_repr(value))
+    """Whether Optuna's `distribution` holds `value`, read from its public fields (Optuna's own test is
+    private): a chosen parameter the distribution cannot hold is drawn at random, not refused by Optuna."""
+    try:  # refuses another kind of value, or a choice not listed
+        internal = distribution.to_internal_repr(value)
     except (ValueError, TypeError):
         return False
+    if isinstance(distribution, CategoricalDistribution):
+        return True  # to_internal_repr found it among the choices
+    if isinstance(distribution, IntDistribution):
+        low, high, step = distribution.low, distribution.high, distribution.step
+        return low <= internal <= high and (internal - low) % step == 0
+    if isinstance(distribution, FloatDistribution):
+        low_f, high_f, step_f = distribution.low, distribution.high, distribution.step
+        if not low_f <= internal <= high_f:
+            return False
+        steps = (internal - low_f) / step_f if step_f is not None else 0.0
+        return abs(steps - round(steps)) < 1e-8  # Optuna's own tolerance for a stepped float
+    return False  # no other kind is asked for by `sample_config`
