@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.config.job_lengths import JobLengths
 from autotune.config.knobs import ProbeConfig
-from autotune.config.lengths import JobLengths
 from autotune.config.rules import (
     Finding,
     config_findings,
@@ -425,7 +425,7 @@ def _model_checks(
     options: CheckOptions, target: Target, config: ProbeConfig, gpus: int, card: Budget | None
 ) -> tuple[list[Finding], dict[str, Any] | None, TracedCheck | None]:
     """Lengths against the data, positions and memory: the checks that need the model."""
-    from autotune.models.registry import resolve_model
+    from autotune.models.catalog import resolve_model
 
     name = options.model or registry_name(target.model)
     findings: list[Finding] = []

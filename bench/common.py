@@ -82,7 +82,7 @@ def memory_model_for(
     model: str, reward_model: str = "function", gpus: int = 1, device: str = "cpu"
 ) -> MemoryModel:
     """The uncalibrated (prior) memory model of an actor, a reward model (or function) and a rank count."""
-    from autotune.models.registry import resolve_model, resolve_reward_model
+    from autotune.models.catalog import resolve_model, resolve_reward_model
 
     arch = Architecture.from_specs(resolve_model(model), resolve_reward_model(reward_model))
     return MemoryModel(arch, gpus, device)

@@ -58,7 +58,7 @@ def main() -> None:
 
     from autotune.data.lengths import collect_texts, measure_lengths, prompt_counts, response_counts
     from autotune.data.records import read_sample
-    from autotune.models.registry import resolve_model
+    from autotune.models.catalog import resolve_model
     from autotune.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(resolve_model(args.model))

@@ -31,7 +31,7 @@ import pandas as pd
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.architecture import Architecture
 from autotune.memory.calibration import MemoryModel
-from autotune.models.registry import resolve_model, resolve_reward_model
+from autotune.models.catalog import resolve_model, resolve_reward_model
 from autotune.probe.contract import ProbeSettings
 from autotune.probe.launcher import run_probe
 from autotune.units import GIB

@@ -177,7 +177,7 @@ def collect(
 ) -> None:
     from autotune.memory.architecture import Architecture
     from autotune.memory.breakdown import predict_components
-    from autotune.models.registry import resolve_model
+    from autotune.models.catalog import resolve_model
     from autotune.probe.traced import TraceUnavailable
 
     done = {json.loads(line)["name"] for line in out.read_text().splitlines()} if out.exists() else set()
@@ -214,7 +214,7 @@ def _analytic(record: dict[str, Any]) -> MemoryBreakdown:
     """The analytic terms by today's model (the file keeps those of the day it was collected)."""
     from autotune.memory.architecture import Architecture
     from autotune.memory.breakdown import predict_components
-    from autotune.models.registry import resolve_model
+    from autotune.models.catalog import resolve_model
 
     reward = resolve_model(record["reward"]) if record["reward"] else None
     arch = Architecture.from_specs(resolve_model(record["model"]), reward)

@@ -55,11 +55,11 @@ def measure(config: ProbeConfig) -> dict[str, Any]:
     tracker counts of the same real tensors (the tracer's counting without fake tensors)."""
     import torch
 
-    from autotune.config.lengths import JobLengths
-    from autotune.models.registry import resolve_model
+    from autotune.config.job_lengths import JobLengths
+    from autotune.models.catalog import resolve_model
     from autotune.probe.rank import ppo
     from autotune.probe.rank.measure import peak_rss_bytes, reset_peak, state_bytes
-    from autotune.probe.rank.models import build_models
+    from autotune.probe.rank.model_build import build_models
     from autotune.probe.rank.process import return_freed_memory
     from autotune.probe.rank.trace import _traced_pass, _warm_up
     from autotune.probe.rank.trace_passes import rollout_buffer, training_passes
@@ -95,7 +95,7 @@ def measure(config: ProbeConfig) -> dict[str, Any]:
 
 
 def _traced(config: ProbeConfig) -> dict[str, Any]:
-    from autotune.models.registry import resolve_model
+    from autotune.models.catalog import resolve_model
     from autotune.probe.rank.trace import trace_memory
 
     trace = trace_memory(resolve_model(MODEL), None, config, 1, layout="cpu")

@@ -89,7 +89,7 @@ def parse_args() -> argparse.Namespace:
 
 def save_model(folder: Path, model: str) -> None:
     """The space's model with random weights and autotune's tokenizer, as a local model folder."""
-    from autotune.models.registry import build_causal_lm, resolve_model
+    from autotune.models.catalog import build_causal_lm, resolve_model
     from autotune.models.tokenizer import load_tokenizer
 
     spec = resolve_model(model)
@@ -99,7 +99,7 @@ def save_model(folder: Path, model: str) -> None:
 
 def save_dataset(folder: Path, model: str, prompt_tokens: int, count: int = 512) -> None:
     """train.jsonl of prompts of about `prompt_tokens` tokens (TRL 1.16 does not truncate prompts)."""
-    from autotune.models.registry import resolve_model
+    from autotune.models.catalog import resolve_model
     from autotune.models.tokenizer import load_tokenizer
     from autotune.probe.rank.prompts import SyntheticPrompts
 

@@ -70,14 +70,14 @@ def setup_device(settings: dict[str, Any], rank: int, world_size: int, sharded: 
 def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     import torch
 
+    from autotune.config.job_lengths import JobLengths
     from autotune.config.knobs import ProbeConfig
-    from autotune.config.lengths import JobLengths
     from autotune.config.passes import Passes
-    from autotune.models.registry import resolve_model, resolve_reward_model
+    from autotune.models.catalog import resolve_model, resolve_reward_model
     from autotune.models.tokenizer import load_tokenizer
-    from autotune.probe.rank.budget import watch_budget
     from autotune.probe.rank.measure import NvmlSampler, peak_memory, reset_peak, state_bytes
-    from autotune.probe.rank.models import build_models
+    from autotune.probe.rank.memory_wall import watch_budget
+    from autotune.probe.rank.model_build import build_models
     from autotune.probe.rank.packing import PassPacking
     from autotune.probe.rank.ppo import StepContext, iteration, warmup_config
     from autotune.probe.rank.prompts import prompt_batches

@@ -1,6 +1,7 @@
 """Probe program for `--engine trl`: one rank of TRL's own GRPOTrainer, run for a few steps on one config.
 
-Launched by path by `autotune.probe.trl` with the TRL environment's python (`--trl-python`), once per rank,
+Launched by path by `autotune.probe.trl_backend` with the TRL environment's python (`--trl-python`), once per
+rank,
 with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT in the environment (accelerate builds its process group from
 them: gloo on CPU, NCCL on CUDA). Reads `--job JOB.json` ({"config", "settings", "trl"}; "trl" holds the
 GRPOConfig and ModelConfig fields exactly as the export writes them) and writes
@@ -34,7 +35,7 @@ from typing import Any
 from autotune.config.knobs import ProbeConfig, mini_batch_size
 from autotune.probe.conditions import CpuWindow
 from autotune.probe.rank.process import return_freed_memory, run_rank, serve_from_heap
-from autotune.probe.trl import Rounds
+from autotune.probe.trl_backend import Rounds
 from autotune.status import Status
 
 # Nothing is fetched from a model hub: the model is a local folder, and TRL's start-up telemetry would wait on
@@ -66,7 +67,7 @@ def model_folder(settings: dict[str, Any], out_dir: Path, rank: int) -> tuple[st
     """(the folder TRL loads the policy and its reference from, the tokenizer). A local model with weights
     is used as it is; otherwise rank 0 writes the random-weight model and its tokenizer into the probe's
     folder."""
-    from autotune.models.registry import build_causal_lm, resolve_model
+    from autotune.models.catalog import build_causal_lm, resolve_model
     from autotune.models.tokenizer import load_tokenizer
 
     spec = resolve_model(settings["model"], settings["weights"], settings["trust_remote_code"])
@@ -176,8 +177,8 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     import trl
     from trl import GRPOTrainer
 
-    from autotune.probe.rank.budget import watch_budget
     from autotune.probe.rank.measure import peak_memory, reset_peak
+    from autotune.probe.rank.memory_wall import watch_budget
 
     config, settings, out_dir = ProbeConfig(**job["config"]), job["settings"], Path(job["out"])
     device = setup_device(settings)

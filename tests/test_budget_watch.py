@@ -1,5 +1,5 @@
-"""A CPU rank stops itself where its resident set passes the emulated budget (autotune.probe.rank.budget), as
-a device's allocator fails there, instead of running all its rounds to be judged after them."""
+"""A CPU rank stops itself where its resident set passes the emulated budget (probe.rank.memory_wall),
+as a device's allocator fails there, instead of running all its rounds to be judged after them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from autotune.probe.contract import OOM_EXIT_CODE
-from autotune.probe.rank.budget import over_budget_result, watch_budget
+from autotune.probe.rank.memory_wall import over_budget_result, watch_budget
 from autotune.units import GIB
 
 # A rank's life in miniature: the watch starts, then the rank takes 256 MiB more than its budget allows and
@@ -20,7 +20,7 @@ from autotune.units import GIB
 RANK = textwrap.dedent(
     """
     import json, sys, time
-    from autotune.probe.rank.budget import watch_budget
+    from autotune.probe.rank.memory_wall import watch_budget
     from autotune.probe.rank.measure import peak_rss_bytes
     budget_gib = (peak_rss_bytes() + 64 * 2**20) / 2**30
     job = {{"settings": {{"device": "cpu", "memory_budget_gib": budget_gib}}, "out": sys.argv[1]}}
@@ -63,7 +63,7 @@ def test_the_result_says_where_the_wall_was():
 def test_a_watch_ended_while_it_reads_writes_nothing(tmp_path, monkeypatch):
     """The rank ended the watch (the timed rounds begin) while it read a peak past the budget: that peak may
     be from after the rounds it watches, so no OOM is written and the process goes on."""
-    from autotune.probe.rank import budget
+    from autotune.probe.rank import memory_wall
 
     done = threading.Event()
 
@@ -74,7 +74,7 @@ def test_a_watch_ended_while_it_reads_writes_nothing(tmp_path, monkeypatch):
     def stopped(code: int) -> None:
         raise AssertionError(f"the watch stopped the rank (exit {code})")
 
-    monkeypatch.setattr(budget, "peak_rss_bytes", read_then_end)
-    monkeypatch.setattr(budget.os, "_exit", stopped)  # what would end the rank ends only this test
-    budget._watch(GIB, 0, tmp_path, done)
+    monkeypatch.setattr(memory_wall, "peak_rss_bytes", read_then_end)
+    monkeypatch.setattr(memory_wall.os, "_exit", stopped)  # what would end the rank ends only this test
+    memory_wall._watch(GIB, 0, tmp_path, done)
     assert not list(tmp_path.iterdir())

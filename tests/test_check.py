@@ -28,7 +28,7 @@ from autotune.memory.architecture import Architecture
 from autotune.memory.calibration import MemoryModel
 from autotune.memory.gpus import gpu_memory_gib, normalise
 from autotune.memory.sharded import estimate_memory, held_as
-from autotune.models.registry import resolve_model
+from autotune.models.catalog import resolve_model
 from autotune.units import GIB
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -19,8 +19,8 @@ from autotune.memory.architecture import Architecture
 from autotune.memory.budget import Budget
 from autotune.memory.calibration import MemoryModel
 from autotune.memory.gpus import gpu_memory_gib
+from autotune.models.catalog import resolve_model, resolve_reward_model
 from autotune.models.names import model_name_or_path, registry_name
-from autotune.models.registry import resolve_model, resolve_reward_model
 from autotune.report.write import write_report
 from autotune.search.sampler import predicted_peaks
 from autotune.study.plan import StudyPlan

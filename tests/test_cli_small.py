@@ -93,7 +93,7 @@ def test_plain_table_aligns_numbers_right():
 
 
 def test_models_list_counts_nothing_when_the_table_is_current(monkeypatch):
-    import autotune.models.registry as registry
+    import autotune.models.catalog as registry
 
     def slow(*args, **kwargs):
         raise AssertionError("counted by building the model: the shipped table is stale")

@@ -20,7 +20,7 @@ from autotune.formats.verl import verl_overrides
 from autotune.probe.cluster.connect import Cluster, Node, check_fits, check_flags, cluster_device
 from autotune.probe.cluster.placement import bundles
 from autotune.probe.contract import ProbeResult, ProbeSettings
-from autotune.probe.verl.command import verl_run
+from autotune.probe.verl.verl_run import verl_run
 from autotune.run.prepare import RunOptions, command_line_space
 from autotune.run.slots import oversubscribed, plan_slots
 from autotune.status import Status
@@ -222,15 +222,15 @@ def test_why_a_rank_actor_is_gone():
 
 
 def _result_of(gone: dict, left: dict):
-    from autotune.probe.cluster import launcher
+    from autotune.probe.cluster import ray_probe
 
-    ranks = launcher.Ranks(actors=[None, None], nodes=["a (aaaaaaaa)", "b (bbbbbbbb)"], node_ids=["a", "b"])
+    ranks = ray_probe.Ranks(actors=[None, None], nodes=["a (aaaaaaaa)", "b (bbbbbbbb)"], node_ids=["a", "b"])
     ranks.gone, ranks.left = gone, left
     ray = types.SimpleNamespace(
         nodes=lambda: [{"NodeID": "a", "Alive": True}, {"NodeID": "b", "Alive": False}]
     )
     settings = ProbeSettings(world_size=2, nodes=2, ray_address="a:1")
-    return launcher._result(ray, CONFIG, settings, ranks, False, 30.0, 1.0)
+    return ray_probe._result(ray, CONFIG, settings, ranks, False, 30.0, 1.0)
 
 
 def test_a_lost_node_is_a_crash_naming_it_and_a_memory_monitor_kill_a_host_oom():

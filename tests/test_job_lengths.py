@@ -1,4 +1,4 @@
-"""The job's lengths and the tokens each pass's largest micro batch holds (autotune.config.lengths), and a
+"""The job's lengths and the tokens each pass's largest micro batch holds (autotune.config.job_lengths), and a
 verl log read for its response lengths (autotune.probe.verl.run_log)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autotune.config.job_lengths import JobLengths, PassTokens, micro_batch_tokens, pass_tokens
 from autotune.config.knobs import ProbeConfig
-from autotune.config.lengths import JobLengths, PassTokens, micro_batch_tokens, pass_tokens
 from autotune.errors import UserError
 from autotune.probe.verl.run_log import counts_from_stats, job_lengths, read_run_log
 

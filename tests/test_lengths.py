@@ -22,7 +22,7 @@ from autotune.data.lengths import (
     truncated_share,
 )
 from autotune.errors import UserError
-from autotune.models.registry import resolve_model
+from autotune.models.catalog import resolve_model
 from autotune.models.tokenizer import load_tokenizer
 
 MODEL = "tiny-llama"  # a registry name: the project's offline BPE, where "the" and " the" are one token each

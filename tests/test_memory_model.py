@@ -10,7 +10,7 @@ from autotune.config.passes import Passes
 from autotune.memory.architecture import Architecture
 from autotune.memory.breakdown import minimum_bytes, predict_components
 from autotune.memory.calibration import PRIORS, MemoryModel, fit_constant_and_factor
-from autotune.models.registry import resolve_model
+from autotune.models.catalog import resolve_model
 
 GB = 10**9
 GIB = 1024**3
@@ -162,7 +162,7 @@ def test_verl_passes_price_the_logits_of_every_packed_token():
 
 
 def test_verl_passes_price_what_the_data_and_the_budgets_hold():
-    from autotune.config.lengths import JobLengths
+    from autotune.config.job_lengths import JobLengths
 
     short = JobLengths.from_counts([20] * 64, [30] * 64)  # every sample 50 tokens on the data
     config = ProbeConfig(micro_batch_size=8, max_prompt_length=32, max_response_length=64)

@@ -17,7 +17,7 @@ from autotune.config.knobs import ProbeConfig
 from autotune.memory.architecture import Architecture
 from autotune.memory.budget import Budget
 from autotune.memory.calibration import MemoryModel
-from autotune.models.registry import resolve_model
+from autotune.models.catalog import resolve_model
 from autotune.probe.contract import ProbeSettings
 from autotune.run.tuner import Tuner
 from autotune.search.sampler import SystemSampler

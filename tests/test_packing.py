@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from autotune.models.registry import build_causal_lm, resolve_model
+from autotune.models.catalog import build_causal_lm, resolve_model
 from autotune.probe.rank import rl_math
 from autotune.probe.rank.packing import (
     Rollout,

@@ -16,7 +16,7 @@ import yaml
 from autotune.config.knobs import ProbeConfig
 from autotune.memory.architecture import Architecture
 from autotune.memory.calibration import MemoryModel
-from autotune.models.registry import resolve_model, resolve_reward_model
+from autotune.models.catalog import resolve_model, resolve_reward_model
 from autotune.space.loading import load_space
 from autotune.space.schema import shipped_dir
 from tests.conftest import REPO, run_cli

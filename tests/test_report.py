@@ -324,7 +324,7 @@ def test_report_paths_are_created(tmp_path):
 def test_a_study_run_by_the_tuner_reports_its_winner(tmp_path):
     from autotune.memory.architecture import Architecture
     from autotune.memory.calibration import MemoryModel
-    from autotune.models.registry import resolve_model
+    from autotune.models.catalog import resolve_model
     from autotune.probe.contract import ProbeSettings
     from autotune.run.tuner import Tuner
     from autotune.space.loading import load_space

@@ -166,7 +166,7 @@ def test_offload_choices_are_refused_on_cpu_in_one_line():
 def floor_model(space, device: str):
     from autotune.memory.architecture import Architecture
     from autotune.memory.calibration import MemoryModel
-    from autotune.models.registry import resolve_model, resolve_reward_model
+    from autotune.models.catalog import resolve_model, resolve_reward_model
 
     arch = Architecture.from_specs(resolve_model(space.model), resolve_reward_model(space.reward_model))
     return MemoryModel(arch, space.gpus, device)

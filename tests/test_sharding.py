@@ -69,7 +69,7 @@ def test_full_shard_lowers_the_peak_by_the_states_the_memory_model_predicts():
     from autotune.config.knobs import ProbeConfig
     from autotune.memory.architecture import Architecture
     from autotune.memory.breakdown import predict_components
-    from autotune.models.registry import resolve_model
+    from autotune.models.catalog import resolve_model
 
     replicated_peak, replicated = _peak_and_states("replicate")
     sharded_peak, sharded = _peak_and_states("full_shard")

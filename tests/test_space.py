@@ -31,7 +31,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def is_registry_model(name: str) -> bool:
-    """A registry name (autotune.models.registry ships one config.json per name; importing it is slow)."""
+    """A registry name (autotune.models.catalog ships one config.json per name; importing it is slow)."""
     return resources.files("autotune.models.configs").joinpath(f"{name}.json").is_file()
 
 

@@ -13,7 +13,7 @@ from autotune.errors import UserError
 from autotune.memory.architecture import Architecture
 from autotune.memory.budget import Budget
 from autotune.memory.calibration import MemoryModel
-from autotune.models.registry import resolve_model
+from autotune.models.catalog import resolve_model
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report.selection import best_feasible
 from autotune.run.tuner import Tuner

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from autotune.cli import main
 from autotune.files import hold_lock
-from autotune.models.registry import CONFIG_DIR
+from autotune.models.catalog import CONFIG_DIR
 from autotune.run.prepare import RunOptions, default_study_name, prepare
 from autotune.study.plan import StudyPlan
 from autotune.study.trials import open_study

@@ -12,8 +12,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, PreTrainedTokenizerFast
 
 from autotune.errors import UserError
-from autotune.models import registry, tokenizer
-from autotune.models.registry import resolve_model
+from autotune.models import catalog, tokenizer
+from autotune.models.catalog import resolve_model
 from autotune.models.tokenizer import load_project_tokenizer, load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +61,7 @@ def test_english_is_compressed() -> None:
     assert n_tokens < 1.6 * len(text.split())  # Llama's tokenizer: ~1.3 tokens per English word
 
 
-@pytest.mark.parametrize("name", list(registry.MODELS))
+@pytest.mark.parametrize("name", list(catalog.MODELS))
 def test_ids_fit_every_registry_model(name: str) -> None:
     spec = resolve_model(name)
     tok = load_tokenizer(spec)

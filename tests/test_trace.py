@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from autotune.config.job_lengths import JobLengths, pass_tokens
 from autotune.config.knobs import ProbeConfig
-from autotune.config.lengths import JobLengths, pass_tokens
 from autotune.memory.architecture import Architecture
 from autotune.memory.breakdown import predict_components
-from autotune.models.registry import build_causal_lm, build_critic, resolve_model
+from autotune.models.catalog import build_causal_lm, build_critic, resolve_model
 from autotune.probe.rank.measure import state_bytes
-from autotune.probe.rank.models import build_models
+from autotune.probe.rank.model_build import build_models
 from autotune.probe.rank.pass_math import AUTOTUNE
 from autotune.probe.rank.trace import _warm_up, trace_memory
 from autotune.probe.traced import MemoryTrace, TraceUnavailable, compare, traced_check

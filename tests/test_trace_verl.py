@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from autotune.check import CheckOptions, check
+from autotune.config.job_lengths import JobLengths, pass_tokens
 from autotune.config.knobs import ProbeConfig
-from autotune.config.lengths import JobLengths, pass_tokens
 from autotune.errors import UserError
-from autotune.models.registry import resolve_model
+from autotune.models.catalog import resolve_model
 from autotune.probe.rank.pass_math import AUTOTUNE
 from autotune.probe.traced import TraceUnavailable, run_trace
 from tests.conftest import VERL_PYTHON
@@ -141,7 +141,7 @@ def test_verls_transformers_builds_every_model_in_the_dtype_asked(tmp_path: Path
     (tmp_path / "autotune").symlink_to(Path(__file__).resolve().parents[1] / "autotune", True)
     code = (
         "import torch\n"
-        "from autotune.models.registry import build_causal_lm, build_critic, resolve_model\n"
+        "from autotune.models.catalog import build_causal_lm, build_critic, resolve_model\n"
         "spec = resolve_model('llama-2-7b')\n"
         "for build in (build_causal_lm, build_critic):\n"
         "    model = build(spec, torch.float32, 'meta')\n"

@@ -35,7 +35,7 @@ PEAK_OF_CHILDREN = (
 
 def prompts_of(tokens: int, count: int) -> str:
     """train.jsonl of prompts of about `tokens` tokens, as the probes' (TRL 1.16 truncates none)."""
-    from autotune.models.registry import resolve_model
+    from autotune.models.catalog import resolve_model
     from autotune.models.tokenizer import load_tokenizer
     from autotune.probe.rank.prompts import SyntheticPrompts
 
@@ -48,7 +48,7 @@ def prompts_of(tokens: int, count: int) -> str:
 @pytest.fixture(scope="module")
 def model_folder(tmp_path_factory) -> Path:
     """tiny-llama with random weights and autotune's tokenizer, saved as a user's local model folder."""
-    from autotune.models.registry import build_causal_lm, resolve_model
+    from autotune.models.catalog import build_causal_lm, resolve_model
     from autotune.models.tokenizer import load_tokenizer
 
     folder = tmp_path_factory.mktemp("tiny-llama")

@@ -203,7 +203,7 @@ def trainer_digest(config: ProbeConfig, model_folder, tmp_path) -> dict:
 @pytest.mark.e2e  # builds a dozen GRPOTrainers (seconds each)
 def test_every_knob_trl_reads_changes_the_trainer_trl_builds(tmp_path):
     """The mutation test: each written field, changed through its knob, changes what TRL built."""
-    from autotune.models.registry import build_causal_lm, resolve_model
+    from autotune.models.catalog import build_causal_lm, resolve_model
     from autotune.models.tokenizer import load_tokenizer
 
     folder = tmp_path / "model"
@@ -232,7 +232,7 @@ def test_vllms_share_changes_the_generator_trl_builds(tmp_path):
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
-    from autotune.models.registry import build_causal_lm, resolve_model
+    from autotune.models.catalog import build_causal_lm, resolve_model
     from autotune.models.tokenizer import load_tokenizer
 
     folder = tmp_path / "model"

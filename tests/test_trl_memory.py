@@ -10,7 +10,7 @@ from autotune.config.passes import Passes
 from autotune.memory.advice import trl_first_aid
 from autotune.memory.architecture import Architecture
 from autotune.memory.calibration import MemoryModel
-from autotune.models.registry import resolve_model
+from autotune.models.catalog import resolve_model
 from autotune.units import GIB
 
 # Peak RSS of TRL 1.16 probes of tiny-llama on CPU (GRPO, 4 completions, beta 0.05), measured for issue 33:

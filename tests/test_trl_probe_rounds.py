@@ -1,8 +1,8 @@
-"""Which rounds of a TRL probe set the peak and which are timed (autotune.probe.trl.Rounds)."""
+"""Which rounds of a TRL probe set the peak and which are timed (autotune.probe.trl_backend.Rounds)."""
 
 from __future__ import annotations
 
-from autotune.probe.trl import Rounds
+from autotune.probe.trl_backend import Rounds
 
 
 def test_on_cpu_the_warm_up_and_one_more_round_set_the_peak_before_the_timed_rounds():

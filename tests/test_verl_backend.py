@@ -7,7 +7,7 @@ from pathlib import Path
 
 from autotune.probe.verl import backend
 from autotune.probe.verl.backend import LogWatch
-from autotune.probe.verl.command import RAY_DIR, short_run_overrides
+from autotune.probe.verl.verl_run import RAY_DIR, short_run_overrides
 
 
 def test_the_short_run_starts_its_own_ray_inside_the_probes_folder(tmp_path):

@@ -240,7 +240,7 @@ def test_the_builtin_engine_refuses_verl_knobs_in_one_line():
 
 
 def model(card: float | None) -> MemoryModel:
-    from autotune.models.registry import resolve_model
+    from autotune.models.catalog import resolve_model
 
     arch = Architecture.from_specs(resolve_model("tiny-llama", "random", False), None)
     return MemoryModel(arch, 1, "cuda", rollout_card_bytes=card)
@@ -279,7 +279,7 @@ def test_dynamic_batches_grow_the_training_side_with_the_budget():
 
 
 def qwen_7b():
-    from autotune.models.registry import resolve_model
+    from autotune.models.catalog import resolve_model
 
     return resolve_model("qwen2.5-7b", "random", False)  # 28 attention heads
 

@@ -192,9 +192,9 @@ def test_the_reports_own_files_start_verl_and_say_the_same_job(tmp_path):
 
 
 def test_the_verl_probes_command_composes_and_passes_validate_config(tmp_path):
-    """`--engine verl` launches the export plus the short-run settings (autotune/probe/verl/command.py):
+    """`--engine verl` launches the export plus the short-run settings (autotune/probe/verl/verl_run.py):
     verl's Hydra configuration takes every key, validate_config passes, and the short-run values read back."""
-    from autotune.probe.verl.command import verl_run
+    from autotune.probe.verl.verl_run import verl_run
 
     model = write_model_dir("tiny-llama", tmp_path / "tiny-llama")
     configs = {
@@ -247,7 +247,7 @@ def test_the_shipped_verl_space_probes_jobs_verl_accepts(tmp_path):
     off) compose as the verl probe launches them and pass validate_config."""
     import optuna
 
-    from autotune.probe.verl.command import verl_run
+    from autotune.probe.verl.verl_run import verl_run
     from autotune.space.loading import load_space
     from autotune.space.model import sample_config
 

@@ -72,7 +72,7 @@ def validate(compose, overrides: list[str]) -> dict[str, Any]:
     return out
 
 
-SHORT_RUN_KEYS = (  # what autotune's verl probe sets for a short run (autotune/probe/verl/command.py)
+SHORT_RUN_KEYS = (  # what autotune's verl probe sets for a short run (autotune/probe/verl/verl_run.py)
     "trainer.total_training_steps",
     "trainer.total_epochs",
     "trainer.val_before_train",

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from autotune.models.registry import resolve_model
+from autotune.models.catalog import resolve_model
 from autotune.models.tokenizer import load_tokenizer
 
 

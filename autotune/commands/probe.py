@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 def _probe(args: argparse.Namespace, cluster) -> int:
     from autotune.config.knobs import ProbeConfig, parse_sets, resolve_mini_batch
     from autotune.config.rules import config_findings, model_findings, offload_findings, raise_for
-    from autotune.models.registry import resolve_model, resolve_reward_model
+    from autotune.models.catalog import resolve_model, resolve_reward_model
     from autotune.probe.contract import ProbeSettings
     from autotune.report.console import print_probe_result, probing
     from autotune.status import Status

@@ -2,10 +2,10 @@
 training passes."""
 
 __all__ = [
+    "checker",
+    "job_lengths",
     "knobs",
-    "lengths",
     "numbers",
     "passes",
     "rules",
-    "schema",
 ]

@@ -350,7 +350,7 @@ def measure_lengths(
     prompt, response = pick_keys(list(frame.columns), prompt_key, response_key)
     if response is not None:
         check_response_column(frame, response, path, given=response_key is not None)
-    from autotune.models.registry import (
+    from autotune.models.catalog import (
         resolve_model,  # torch and transformers: only once the data is readable
     )
     from autotune.models.tokenizer import load_tokenizer, stand_in_template, stand_in_tokenizer

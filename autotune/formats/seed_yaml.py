@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from autotune.config.checker import MISSING, Checker
 from autotune.config.knobs import (
     KNOB_NAMES,
     MINI_BATCH,
@@ -28,7 +29,6 @@ from autotune.config.knobs import (
     resolve_mini_batch,
 )
 from autotune.config.rules import Finding
-from autotune.config.schema import MISSING, Checker
 from autotune.errors import UserError
 from autotune.formats.rollout import RolloutEngine
 from autotune.formats.target import Target

@@ -42,7 +42,7 @@ class Architecture:
     @classmethod
     def from_specs(cls, actor_spec, reward_spec=None) -> Architecture:
         """From `ModelSpec`s: llama/qwen2 field names for the actor; deberta (or similar) for the reward."""
-        from autotune.models.registry import count_parameters
+        from autotune.models.catalog import count_parameters
 
         c = actor_spec.config
         heads = c.num_attention_heads

@@ -1,7 +1,8 @@
 """A probe rank's peak memory from the architecture and the batch knobs, term by term, before any runtime
 or calibration (`autotune.memory.calibration` adds both).
 
-The model follows what `autotune.probe.rank.ppo` and `autotune.probe.rank.models` actually allocate, per rank:
+The model follows what `autotune.probe.rank.ppo` and `autotune.probe.rank.model_build` actually allocate,
+per rank:
 
 - static (alive through the whole iteration): the weights of the actor, the reference (none with LoRA: the
   base model with adapters disabled is the reference; none without KL), the critic (PPO only) and the reward
@@ -34,8 +35,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.config.job_lengths import JobLengths, PassTokens, pass_tokens
 from autotune.config.knobs import ProbeConfig
-from autotune.config.lengths import JobLengths, PassTokens, pass_tokens
 from autotune.config.passes import Passes
 from autotune.memory.architecture import DEVICES, Architecture, Precision
 from autotune.memory.phases import PassBatches, backward_moment, rollout_terms, scoring_terms, update_terms

@@ -16,8 +16,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from autotune.config.job_lengths import JobLengths, PassTokens
 from autotune.config.knobs import VERL_DEFAULT_UTILIZATION, ProbeConfig
-from autotune.config.lengths import JobLengths, PassTokens
 from autotune.config.passes import Passes
 from autotune.memory.architecture import DEVICES, Architecture
 from autotune.memory.breakdown import (

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.config.job_lengths import PassTokens
 from autotune.config.knobs import ProbeConfig
-from autotune.config.lengths import PassTokens
 from autotune.config.passes import Passes
 from autotune.memory.activations import (
     MicroBatch,

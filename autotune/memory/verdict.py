@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from autotune.config.job_lengths import JobLengths
 from autotune.config.knobs import ProbeConfig
-from autotune.config.lengths import JobLengths
 from autotune.config.passes import Passes
 from autotune.config.rules import (
     Finding,

@@ -79,7 +79,7 @@ def _parameters(name: str, kind: str) -> int:
     shipped = PARAMETERS.get(name)
     if shipped is not None and shipped[0] == config_hash(name):
         return shipped[1]
-    from autotune.models.registry import (
+    from autotune.models.catalog import (
         count_parameters,
         resolve_model,
     )  # torch: only when the table is stale

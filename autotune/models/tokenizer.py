@@ -28,7 +28,7 @@ from autotune.errors import UserError
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from autotune.models.registry import ModelSpec
+    from autotune.models.catalog import ModelSpec
 
 __all__ = [
     "load_local_tokenizer",

@@ -12,6 +12,6 @@ __all__ = [
     "launching",
     "rank",
     "traced",
-    "trl",
+    "trl_backend",
     "verl",
 ]

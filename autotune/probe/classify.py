@@ -58,7 +58,7 @@ def classify(
             return Status.CRASHED, None, f"rank {rank}: exited 0 without a readable result"
     if budget_bytes is not None and peak_bytes > budget_bytes and device != "cuda":
         # On CUDA the budget is enforced by the allocator (a per-process memory fraction): only a real
-        # OOM counts there. On CPU each rank's watch stops it past the budget (probe/rank/budget.py); a
+        # OOM counts there. On CPU each rank's watch stops it past the budget (probe/rank/memory_wall.py); a
         # peak that passed it after the watch's last look, or where no watch ran, is caught here.
         return (
             Status.OOM,

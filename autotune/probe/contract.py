@@ -48,7 +48,8 @@ class ProbeSettings:
     # whose training passes the built-in probe runs (autotune.probe.rank.ppo.PASSES): verl's packed passes on
     # synthetic rollouts of the job's lengths, or TRL's generate and padded passes
     passes: str = "verl"
-    # the job's token lengths (autotune.config.lengths.JobLengths.to_dict()); None: every sample at the limits
+    # the job's token lengths (autotune.config.job_lengths.JobLengths.to_dict()); None: every sample at the
+    # limits
     lengths: dict[str, Any] | None = None
     # A Ray cluster (--ray): its address as this tuner reached it; None: the ranks run on this machine
     ray_address: str | None = None

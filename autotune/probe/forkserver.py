@@ -87,9 +87,9 @@ PRELOAD = (
     "peft",
     "autotune.probe.rank.measure",
     "autotune.probe.rank.ppo",
-    "autotune.probe.rank.models",
+    "autotune.probe.rank.model_build",
     "autotune.probe.rank.prompts",
-    "autotune.models.registry",
+    "autotune.models.catalog",
     "autotune.models.tokenizer",
 )
 _PR_SET_PDEATHSIG = 1

@@ -140,7 +140,7 @@ def run_probe(
     Setting `cancel` (a second Ctrl-C) kills the probe at once; the caller records it as interrupted.
     """
     if settings.ray_address is not None:
-        from autotune.probe.cluster.launcher import run_cluster_probe
+        from autotune.probe.cluster.ray_probe import run_cluster_probe
 
         return run_cluster_probe(config, settings, program or runner_path(), cancel)
     return run_ranks(config, settings, program or runner_path(), cancel)

@@ -10,7 +10,8 @@ process of its own (`python -m autotune.probe.rank.trace JOB`), which also keeps
 fake tensors out of this one. With `verl_python` that process is verl's environment's python and the passes'
 per-token math is verl's own (`autotune.probe.rank.verl_math`); the trace names the functions it ran.
 Both sides price the same micro batches: the trace packs each pass's from the job's lengths (the data's,
-or the limits) as `autotune.config.lengths.pass_tokens` sizes it, and the analytic model prices those tokens.
+or the limits) as `autotune.config.job_lengths.pass_tokens` sizes it, and the analytic model prices those
+tokens.
 Both sides are per-rank tensor bytes, with no runtime constant and no allocator factor: the analytic side
 is `predict_components` (the model's raw terms). A row's `error` is (analytic − traced) / traced: positive
 when the analytic model says more.
@@ -32,14 +33,14 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.config.lengths import JobLengths, PassTokens
+from autotune.config.job_lengths import JobLengths, PassTokens
 from autotune.memory.breakdown import MemoryBreakdown
 from autotune.probe.launcher import runner_path
 from autotune.units import GIB
 
 if TYPE_CHECKING:
     from autotune.config.knobs import ProbeConfig
-    from autotune.models.registry import ModelSpec
+    from autotune.models.catalog import ModelSpec
 
 __all__ = [
     "MathSource",
@@ -447,7 +448,7 @@ def trace_estimate(
 ) -> tuple[float, int]:
     """(about how many seconds the trace takes on two cores, how many passes it traces): the model's layers
     by its passes and by their micro batches' tokens (within about a factor of two)."""
-    from autotune.config.lengths import pass_tokens
+    from autotune.config.job_lengths import pass_tokens
 
     layers = int(getattr(actor_spec.config, "num_hidden_layers", 0) or 0)
     tokens = pass_tokens(config, lengths or JobLengths(), world_size)

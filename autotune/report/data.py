@@ -249,7 +249,7 @@ def exported_workers(plan: StudyPlan) -> int | None:
 def modelled_resident_bytes(plan: StudyPlan, config: Any, device: str) -> int | None:
     """The weights and optimizer states per GPU as the memory model prices them, for a probe that did not
     record them; None for a model autotune cannot build."""
-    from autotune.models.registry import resolve_model  # torch and transformers: only when needed
+    from autotune.models.catalog import resolve_model  # torch and transformers: only when needed
 
     try:
         actor = resolve_model(plan.model)

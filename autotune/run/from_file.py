@@ -170,7 +170,7 @@ def job_space(job: JobFile, options: Any, device: str) -> FileSpace:
 def _check_model(job: JobFile, model: str) -> None:
     """The file's model must be here (nothing is downloaded): else one line naming --model, with the
     registry's architecture of the same name when there is one (Qwen/Qwen2-7B-Instruct: qwen2-7b)."""
-    from autotune.models.registry import MODELS
+    from autotune.models.catalog import MODELS
 
     if model in MODELS or model.lower() in MODELS or Path(model).expanduser().exists():
         return

@@ -48,7 +48,7 @@ def machine_identity(actor: Any, reward: Any, device: str, gpus: int, nodes: int
     """The part of a study's identity each worker brings: its models (by fingerprint: the architecture and
     weights, not the folder's name), its device and its ranks per probe (and the nodes they span: ranks
     that talk over a network time differently)."""
-    from autotune.models.registry import fingerprint
+    from autotune.models.catalog import fingerprint
 
     return {
         "model": fingerprint(actor),

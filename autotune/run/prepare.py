@@ -19,9 +19,9 @@ from typing import Any
 
 from rich.console import Console
 
+from autotune.config.checker import show
 from autotune.config.knobs import ProbeConfig
 from autotune.config.numbers import MAX_SECONDS, is_int, parse_float
-from autotune.config.schema import show
 from autotune.errors import UserError
 from autotune.memory.budget import Budget
 from autotune.memory.calibration import MemoryModel
@@ -187,7 +187,7 @@ def prepare(options: RunOptions, console: Console, cluster: Any = None, job: Any
     the file of --from (autotune.run.from_file.JobFile), or None."""
     from autotune.config.rules import position_findings, raise_for
     from autotune.memory.architecture import Architecture
-    from autotune.models.registry import resolve_model, resolve_reward_model
+    from autotune.models.catalog import resolve_model, resolve_reward_model
     from autotune.probe.devices import device_label
 
     space, lengths, from_file = resolve_space(options, console, job)

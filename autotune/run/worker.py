@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from autotune.config.lengths import JobLengths
+from autotune.config.job_lengths import JobLengths
 from autotune.config.passes import Passes
 from autotune.errors import UserError
 from autotune.probe.contract import ProbeSettings
@@ -23,7 +23,7 @@ from autotune.study.storage import check_parallel_safe, is_sqlite, redact
 if TYPE_CHECKING:
     from autotune.memory.budget import Budget
     from autotune.memory.calibration import MemoryModel
-    from autotune.models.registry import ModelSpec
+    from autotune.models.catalog import ModelSpec
     from autotune.run.slots import Slot
     from autotune.run.tuner import Tuner
     from autotune.space.model import SearchSpace
@@ -89,7 +89,7 @@ def worker_settings(
 
 
 def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
-    from autotune.models.registry import resolve_model, resolve_reward_model
+    from autotune.models.catalog import resolve_model, resolve_reward_model
     from autotune.probe.devices import device_label, resolve_device
     from autotune.run.identity import machine_identity
     from autotune.run.prepare import check_offload

@@ -18,8 +18,8 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
+from autotune.config.job_lengths import PassTokens
 from autotune.config.knobs import ProbeConfig, job_of, same_job
-from autotune.config.lengths import PassTokens
 from autotune.memory.budget import Budget
 from autotune.memory.calibration import MemoryModel, priors
 from autotune.space.model import at_least_as_large

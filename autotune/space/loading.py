@@ -9,9 +9,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from autotune.config.checker import MISSING, Checker
 from autotune.config.knobs import physical_cores
 from autotune.config.numbers import is_int
-from autotune.config.schema import MISSING, Checker
 from autotune.space.model import SearchSpace, twos_in
 from autotune.space.schema import NO_ACCUMULATION, choice_ok, least, parse_space_file, read_space
 from autotune.space.specs import (

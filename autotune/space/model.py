@@ -23,9 +23,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.config.checker import show
 from autotune.config.knobs import DEFAULT_HEADROOM, ProbeConfig, resolve_mini_batch
 from autotune.config.numbers import is_int
-from autotune.config.schema import show
 from autotune.space.specs import (
     BUDGETS,
     CHOICES,

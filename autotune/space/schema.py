@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml
 
+from autotune.config.checker import MISSING, Checker, show
 from autotune.config.knobs import ALGORITHMS, DEFAULT_HEADROOM, MAX_KL_COEF, MIN_LOADER_WORKERS, SHARDINGS
 from autotune.config.numbers import MAX_GIB, MAX_RANKS, MAX_SECONDS
-from autotune.config.schema import MISSING, Checker, show
 from autotune.errors import UserError
 from autotune.space.specs import (
     ACCUM,

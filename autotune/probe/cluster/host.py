@@ -1,4 +1,4 @@
-"""The Ray actor that hosts one rank of a probe on the node Ray placed it (autotune.probe.cluster.launcher).
+"""The Ray actor that hosts one rank of a probe on the node Ray placed it (autotune.probe.cluster.ray_probe).
 
 The rank itself is the same program as on one machine (`runners/ppo_probe.py`), started by the actor as a
 child in a process group of its own, with the same job file, result file, exit codes and stderr file: its

@@ -1,9 +1,9 @@
 """Inside a probe rank, imported only by the programs in runners/: models, a PPO/GRPO iteration, measures."""
 
 __all__ = [
-    "budget",
     "measure",
-    "models",
+    "memory_wall",
+    "model_build",
     "packing",
     "pass_math",
     "ppo",

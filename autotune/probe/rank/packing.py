@@ -11,7 +11,7 @@ Micro batches, as verl forms them (verl/workers/engine/utils.py `prepare_micro_b
 - fixed: consecutive chunks of k samples;
 - under a token budget B: the fewest micro batches of at most B tokens, balanced (utils/seqlen_balancing.py
   `rearrange_micro_batches`: ceil(tokens / B) of them, one more until every one holds at most B).
-The probe's first micro batch of each pass is the worst case that is priced (`autotune.config.lengths`):
+The probe's first micro batch of each pass is the worst case that is priced (`autotune.config.job_lengths`):
 `plan_responses` sets the synthetic responses' lengths so that the first samples hold exactly those tokens.
 """
 

@@ -3,8 +3,8 @@
 
 Two trainers' passes (`StepContext.passes`, one of `PASSES`), told apart by asking the schedule (`packed`):
 - `Passes.VERL`, packed: the training passes as verl runs them on the user's data. The rollout is synthetic:
-  prompts from the data, responses of the data's lengths (`autotune.config.lengths`), since verl generates in
-  vLLM at its own pace and that time carries over to nothing here. Micro batches are packed without padding
+  prompts from the data, responses of the data's lengths (`autotune.config.job_lengths`), since verl generates
+  in vLLM at its own pace and that time carries over to nothing here. Micro batches are packed without padding
   (`autotune.probe.rank.packing`), the logits come out for every packed token, the old log-prob pass computes
   the entropy (verl's `calculate_entropy`), and micro batches are fixed or cut by token budgets
   (`use_dynamic_bsz`). The iteration's seconds are the training phases': scoring, advantages, update.
@@ -33,8 +33,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from autotune.config.job_lengths import JobLengths, pass_tokens
 from autotune.config.knobs import ProbeConfig
-from autotune.config.lengths import JobLengths, pass_tokens
 from autotune.config.passes import Passes
 from autotune.probe.rank import rl_math
 from autotune.probe.rank.packing import (

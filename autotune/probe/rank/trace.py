@@ -3,7 +3,7 @@
     trace = trace_memory(resolve_model("llama-2-7b"), None, config, world_size=2)   # ~20 s on 2 cores
     trace.peak("update"), trace.phases[0].parts, trace.states
 
-The probe's own code runs (`autotune.probe.rank.models.build_models`, then `ppo.score`'s forwards and
+The probe's own code runs (`autotune.probe.rank.model_build.build_models`, then `ppo.score`'s forwards and
 `ppo.train_epoch`, each pass on its largest micro batch: autotune.probe.rank.trace_passes), its per-token math
 by `math` (autotune's functions, or verl's in verl's environment: `pass_math`), with every tensor fake:
 shapes, dtypes and devices are real, storage is not. Torch's memory trackers (`FSDPMemTracker` for sharded
@@ -37,8 +37,8 @@ from typing import Any
 import torch
 from torch.distributed.fsdp import FSDPModule
 
+from autotune.config.job_lengths import JobLengths
 from autotune.config.knobs import ProbeConfig
-from autotune.config.lengths import JobLengths
 from autotune.probe.rank.pass_math import AUTOTUNE, PassMath
 from autotune.probe.rank.ppo import Models, StepContext
 from autotune.probe.rank.trace_passes import HOST, rollout_buffer, training_passes
@@ -406,7 +406,7 @@ def _traced(
 ) -> tuple[dict[str, int], list[PhasePeak]]:
     """Under the fake mode: the probe's models built as a rank of `ctx`'s world builds them and warmed up,
     then each pass traced. Returns the states on the device between passes, and every pass's peaks."""
-    from autotune.probe.rank.models import build_models
+    from autotune.probe.rank.model_build import build_models
 
     config, world_size = ctx.config, ctx.world_size
     models = build_models(
@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
     import sys
 
-    from autotune.models.registry import resolve_model
+    from autotune.models.catalog import resolve_model
 
     job = json.loads((sys.argv[1:] if argv is None else argv)[0])
     trusted = bool(job.get("trust_remote_code", False))

@@ -4,7 +4,7 @@
         run()   # under the trace's tracker: one pass on its largest micro batch
 
 Each pass is the probe's own code (`ppo`'s log-prob, value and reward passes, `ppo.train_epoch` with
-`ppo.actor_loss` or `ppo.critic_loss`) on its largest micro batch (autotune.config.lengths.pass_tokens),
+`ppo.actor_loss` or `ppo.critic_loss`) on its largest micro batch (autotune.config.job_lengths.pass_tokens),
 packed from the job's lengths as the analytic model prices it, each update one optimizer step. Every tensor
 built here is zeros: under the trace's FakeTensorMode a value is never read, only its shape.
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from autotune.config.job_lengths import JobLengths, PassTokens, micro_batch_tokens, pass_tokens
 from autotune.config.knobs import ProbeConfig
-from autotune.config.lengths import JobLengths, PassTokens, micro_batch_tokens, pass_tokens
 from autotune.probe.rank import ppo
 from autotune.probe.rank.packing import Rollout
 
@@ -121,7 +121,7 @@ def training_passes(
     models: ppo.Models, ctx: ppo.StepContext, built: dict[str, int] | None = None
 ) -> Iterator[Pass]:
     """Each training pass the probe makes, in its order, each on its largest micro batch of `ctx`'s config on
-    one rank of its world, from its lengths (autotune.config.lengths.pass_tokens): verl's packed passes.
+    one rank of its world, from its lengths (autotune.config.job_lengths.pass_tokens): verl's packed passes.
     Lazy: a pass's micro batch is made when the caller comes to it. `built`, when given, gets the tokens of
     each micro batch made (PassTokens' names), priced alike by the analytic model."""
     tokens = pass_tokens(ctx.config, ctx.lengths, ctx.world_size)

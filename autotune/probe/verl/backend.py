@@ -3,7 +3,7 @@
 The built-in probe measures a faithful PPO iteration but not verl's engines: vLLM generates in its own
 processes with a preallocated pool, FSDP workers train under Ray. Here the job autotune would export is
 started as `python -m verl.trainer.main_ppo` from the user's verl environment (`--verl-python`), for the
-warm-up plus the measured steps (autotune.probe.verl.command), on a parquet of the recipe's shape
+warm-up plus the measured steps (autotune.probe.verl.verl_run), on a parquet of the recipe's shape
 (autotune.probe.verl.dataset), in its own session with the slot's GPUs and a wall-clock limit; the whole
 process group (Ray's workers and vLLM's included) is killed when it ends, and the next probe waits until the
 GPUs' memory is back where it was.
@@ -36,8 +36,8 @@ from autotune.models.names import verl_model_path
 from autotune.probe.conditions import gpu_others, load_average, visible_gpus
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.probe.verl import failures, metrics
-from autotune.probe.verl.command import RAY_DIR, VerlRun, verl_run
 from autotune.probe.verl.dataset import TokenCounter, chat_counter, write_dataset
+from autotune.probe.verl.verl_run import RAY_DIR, VerlRun, verl_run
 from autotune.status import Status
 
 __all__ = ["GpuWatch", "run_verl_probe"]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autotune.config.lengths import JobLengths
+from autotune.config.job_lengths import JobLengths
 from autotune.errors import UserError
 from autotune.probe.verl.metrics import STEP_TIMER, Metrics, merge_steps, parse_console, parse_file_log
 

@@ -1,5 +1,5 @@
 """TRL as the engine of a probe (`--engine trl`): TRL's GRPOTrainer on this machine's ranks
-(autotune.probe.trl), whose LM head and loss are fused (`Passes.TRL_FUSED`)."""
+(autotune.probe.trl_backend), whose LM head and loss are fused (`Passes.TRL_FUSED`)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class TrlEngine(ProbeEngine):
         return TRL
 
     def check_environment(self, settings: ProbeSettings) -> str | None:
-        from autotune.probe.trl import check_trl_python
+        from autotune.probe.trl_backend import check_trl_python
 
         return check_trl_python(settings.trl_python)
 
@@ -54,7 +54,7 @@ class TrlEngine(ProbeEngine):
         cancel: threading.Event | None,
     ) -> ProbeResult:
         from autotune.probe.launcher import run_ranks, runner_path
-        from autotune.probe.trl import trl_job, trl_python
+        from autotune.probe.trl_backend import trl_job, trl_python
 
         job = trl_job(config, settings)
         return run_ranks(config, settings, runner_path("trl_probe.py"), cancel, trl_python(settings), job)
@@ -87,7 +87,7 @@ class TrlEngine(ProbeEngine):
         return isinstance(trainer, TrlTrainer)  # vLLM colocated, for a TRL job only
 
     def untimed_rounds(self, settings: ProbeSettings) -> int:
-        from autotune.probe.trl import Rounds
+        from autotune.probe.trl_backend import Rounds
 
         plan = Rounds(settings.warmup_iterations, settings.iterations, 1, cpu=settings.device != "cuda")
         return plan.untimed

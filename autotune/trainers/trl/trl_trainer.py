@@ -2,8 +2,8 @@
 
 Its files are GRPOConfig YAML read by TRL's own parser (autotune.formats.trl, formats.trl_read); its export
 is trl_config.yaml; it holds states as accelerate's config says, which the export does not write, so a study
-for it replicates and does not offload. Its probe is TRL's GRPOTrainer (autotune.probe.trl), whose LM head
-and loss are fused (`Passes.TRL_FUSED`).
+for it replicates and does not offload. Its probe is TRL's GRPOTrainer (autotune.probe.trl_backend), whose LM
+head and loss are fused (`Passes.TRL_FUSED`).
 """
 
 from __future__ import annotations

@@ -11,9 +11,8 @@ import torch
 from transformers import AutoConfig, LlamaConfig
 
 from autotune.errors import UserError
-from autotune.models import registry
-from autotune.models.listing import model_rows
-from autotune.models.registry import (
+from autotune.models import catalog
+from autotune.models.catalog import (
     REWARD_FUNCTION,
     ModelSpec,
     build_causal_lm,
@@ -23,6 +22,7 @@ from autotune.models.registry import (
     resolve_model,
     resolve_reward_model,
 )
+from autotune.models.listing import model_rows
 
 # Published parameter counts (model cards / papers), for the 2% check.
 PUBLISHED = {
@@ -65,11 +65,11 @@ def assert_one_line(exc: pytest.ExceptionInfo, *parts: str) -> None:
 
 
 def test_shipped_configs_are_the_registry() -> None:
-    shipped = {p.stem for p in registry.CONFIG_DIR.glob("*.json")}
-    assert shipped == set(registry.MODELS)
+    shipped = {p.stem for p in catalog.CONFIG_DIR.glob("*.json")}
+    assert shipped == set(catalog.MODELS)
 
 
-@pytest.mark.parametrize("name", list(registry.MODELS))
+@pytest.mark.parametrize("name", list(catalog.MODELS))
 def test_every_name_resolves(name: str) -> None:
     spec = resolve_model(name)
     assert (spec.name, spec.source, spec.weights, spec.path, spec.tokenizer_path) == (
@@ -79,7 +79,7 @@ def test_every_name_resolves(name: str) -> None:
         None,
         None,
     )
-    data = json.loads((registry.CONFIG_DIR / f"{name}.json").read_text())
+    data = json.loads((catalog.CONFIG_DIR / f"{name}.json").read_text())
     model_type = data.pop("model_type")
     assert type(AutoConfig.for_model(model_type, **data)) is type(spec.config)
     assert spec.config.architectures == data["architectures"]
@@ -92,7 +92,7 @@ def test_registry_configs_are_fresh_copies() -> None:
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
 def test_parameter_counts_match_published(name: str) -> None:
-    kind = "reward" if registry.MODELS[name][0] == "reward" else "causal_lm"
+    kind = "reward" if catalog.MODELS[name][0] == "reward" else "causal_lm"
     count = count_parameters(resolve_model(name), kind)
     assert count == pytest.approx(PUBLISHED[name], rel=0.02)
 
@@ -102,7 +102,7 @@ def test_model_rows_and_timing() -> None:
     rows = model_rows()
     elapsed = time.perf_counter() - start
     assert elapsed < 10, f"model_rows took {elapsed:.1f} s"  # ~0.3 s measured; generous for slow CI
-    assert [row["name"] for row in rows] == list(registry.MODELS)
+    assert [row["name"] for row in rows] == list(catalog.MODELS)
     by_name = {row["name"]: row for row in rows}
     assert by_name["llama-2-7b"] | {"source": None} == {
         "name": "llama-2-7b",
@@ -195,7 +195,7 @@ def test_unreadable_config(tmp_path: Path) -> None:
 )
 def test_a_malformed_model_config_is_refused_in_one_line(tmp_path: Path, change: dict, said: str) -> None:
     """Before any memory arithmetic divides by it (a vocabulary of 0 was a ZeroDivisionError)."""
-    data = {**json.loads((registry.CONFIG_DIR / "tiny-llama.json").read_text()), **change}
+    data = {**json.loads((catalog.CONFIG_DIR / "tiny-llama.json").read_text()), **change}
     (tmp_path / "config.json").write_text(json.dumps(data))
     with pytest.raises(UserError) as exc:
         resolve_model(str(tmp_path))
@@ -219,7 +219,7 @@ def test_pretrained_weights_are_loaded(tmp_path: Path) -> None:
     saved = build_causal_lm(spec, torch.float32, "cpu")
     saved.save_pretrained(tmp_path)
     local = resolve_model(str(tmp_path), weights="pretrained")
-    assert registry.weight_files(tmp_path) and local.weights == "pretrained"
+    assert catalog.weight_files(tmp_path) and local.weights == "pretrained"
     loaded = build_causal_lm(local, torch.float32, "cpu")
     assert torch.equal(loaded.model.embed_tokens.weight, saved.model.embed_tokens.weight)
     assert loaded.config.use_cache is True
@@ -278,24 +278,24 @@ def test_reward_model_on_tiny_deberta() -> None:
 def test_reward_pad_token_id_when_missing() -> None:
     spec = resolve_model("tiny-llama")
     assert spec.config.pad_token_id is None
-    assert registry.reward_config(spec, pad_token_id=5).pad_token_id == 5
-    assert registry.reward_config(spec).pad_token_id == spec.config.eos_token_id
+    assert catalog.reward_config(spec, pad_token_id=5).pad_token_id == 5
+    assert catalog.reward_config(spec).pad_token_id == spec.config.eos_token_id
 
 
 def test_dtype_names() -> None:
-    assert registry.to_dtype("bf16") is torch.bfloat16
-    assert registry.to_dtype("torch.float16") is torch.float16
+    assert catalog.to_dtype("bf16") is torch.bfloat16
+    assert catalog.to_dtype("torch.float16") is torch.float16
     with pytest.raises(UserError) as exc:
-        registry.to_dtype("float8")
+        catalog.to_dtype("float8")
     assert_one_line(exc, "'float8'", "bfloat16")
 
 
-@pytest.mark.parametrize("name", list(registry.MODELS))
+@pytest.mark.parametrize("name", list(catalog.MODELS))
 def test_shipped_parameter_counts_are_current(name: str) -> None:
     """`autotune models` reads the counts from a table (no torch): each must be the exact count of the config
     file as it is now (else the list falls back to counting, slowly)."""
     from autotune.models.listing import PARAMETERS, config_hash
 
-    role = registry.MODELS[name][0]
+    role = catalog.MODELS[name][0]
     kind = "reward" if role == "reward" or name.endswith("deberta") else "causal_lm"
     assert PARAMETERS[name] == (config_hash(name), count_parameters(resolve_model(name), kind))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from autotune.config.knobs import ProbeConfig
-from autotune.models.registry import (
+from autotune.models.catalog import (
     ModelSpec,
     build_causal_lm,
     build_critic,
