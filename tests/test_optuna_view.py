@@ -22,8 +22,7 @@ from autotune.probe.contract import ProbeSettings
 from autotune.run.tuner import Tuner
 from autotune.search.sampler import SystemSampler
 from autotune.space.loading import load_space, with_settings
-from autotune.space.model import SearchSpace, config_to_params, sample_config, upgrade_params
-from autotune.space.specs import CHOICES
+from autotune.space.model import config_to_params, sample_config
 from autotune.status import Attr, Status
 from autotune.study.outcome import Outcome, record_outcome
 from autotune.study.trials import open_study
@@ -81,63 +80,6 @@ def test_random_sampling_over_a_tuned_recipe_stays_valid_and_fixed_trials_round_
         params = config_to_params(space, config)
         assert params is not None and sample_config(space, optuna.trial.FixedTrial(params)) == config
         study.tell(trial, 0.0)
-
-
-# --- older studies: log2_ exponents ---------------------------------------------------------------------
-
-
-def legacy_params(space: SearchSpace, config: ProbeConfig) -> tuple[dict, dict]:
-    """The params and distributions an older autotune stored for `config`: exponents under `log2_` names
-    (integers), the other knobs as today."""
-    params, distributions = {}, {}
-    for name, value in (config_to_params(space, config) or {}).items():
-        spec = space.knob(name)
-        if spec.legacy_param is not None:
-            params[spec.legacy_param] = spec.exponent(value)
-            distributions[spec.legacy_param] = IntDistribution(spec.low, spec.high)
-        elif spec.kind == CHOICES:
-            params[name], distributions[name] = value, CategoricalDistribution(list(spec.choices))
-        else:
-            params[name] = value
-            distributions[name] = IntDistribution(spec.low, spec.linear_high(space.cores), step=spec.step)
-    return params, distributions
-
-
-def add_legacy_trial(study: optuna.Study, config: ProbeConfig, speed: float, peak: int) -> None:
-    params, distributions = legacy_params(SPACE, config)
-    study.add_trial(
-        optuna.trial.create_trial(
-            params=params,
-            distributions=distributions,
-            values=[speed, float(peak)],
-            user_attrs={Attr.STATUS: Status.OK, Attr.CONFIG: config.to_dict(), Attr.PEAK_BYTES: peak},
-            system_attrs={"constraints:memory": peak - BUDGET.limit, "constraints:runs": 0.0},
-        )
-    )
-
-
-def test_upgrade_params_reads_the_old_exponents():
-    config = SPACE.grid()[5]
-    params, _ = legacy_params(SPACE, config)
-    assert "log2_micro_batch_size" in params and "log2_rollout_batch_units" in params
-    assert upgrade_params(SPACE, params) == config_to_params(SPACE, config)
-
-
-def test_an_older_study_resumes_with_its_trials_and_its_waiting_retry(tmp_path):
-    url = storage_url(tmp_path)
-    study = open_study(url, "old", seed=0)
-    grid = SPACE.grid()
-    add_legacy_trial(study, grid[0], 3.0, int(0.5 * GIB))
-    waiting = grid[1]
-    study.enqueue_trial(legacy_params(SPACE, waiting)[0], user_attrs={Attr.RETRY_OF: 0})  # left by a crash
-    probe = FakeProbe()
-    tuner = system_tuner(open_study(url, "old", seed=0), probe)
-    for _ in range(3):
-        tuner.step()
-    assert probe.launched[0] == waiting  # the old retry measured what it was enqueued for
-    assert grid[0] not in probe.launched  # the old measurement counts: not probed again
-    trials = tuner.study.get_trials()
-    assert "log2_micro_batch_size" in trials[0].params and "micro_batch_size" in trials[-1].params
 
 
 # --- feasibility: what Optuna's best trials are ---------------------------------------------------------

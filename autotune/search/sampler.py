@@ -12,9 +12,8 @@ end of the Pareto front, which a two-objective sampler spends probes on, is not 
 
 It is an Optuna sampler, so storage, resume, workers, the Optuna CLI and the dashboard work as with any:
 the chosen configuration is handed to `sample_config` parameter by parameter (`config_to_params`: the knobs
-by name and real value). Enqueued trials (the hand-made configs, retries) keep their own parameters; one
-enqueued by an older version, with `log2_...` exponents Optuna no longer asks for, is read with
-`upgrade_params`. Configurations being probed by running trials (other threads or workers) are not proposed
+by name and real value). Enqueued trials (the hand-made configs, retries) keep their own parameters.
+Configurations being probed by running trials (other threads or workers) are not proposed
 again.
 """
 
@@ -39,10 +38,8 @@ from autotune.space.model import (
     SearchSpace,
     at_least_as_large,
     config_to_params,
-    sample_config,
-    upgrade_params,
 )
-from autotune.space.specs import LEGACY_PREFIX, MEMORY_EQUAL_FIELDS
+from autotune.space.specs import MEMORY_EQUAL_FIELDS
 from autotune.status import Attr, Status
 from autotune.study.trials import config_key, measured_ok, oom_phase, trial_config
 
@@ -86,7 +83,7 @@ class SystemSampler(optuna.samplers.BaseSampler):
     ) -> Any:
         with self._lock:
             if trial.number not in self._targets:
-                self._targets[trial.number] = self._legacy_target(trial) or self._target(study)
+                self._targets[trial.number] = self._target(study)
             target = self._targets[trial.number]
         value = target[1].get(param_name) if target is not None else None
         if value is not None and _fits(param_distribution, value):
@@ -99,19 +96,6 @@ class SystemSampler(optuna.samplers.BaseSampler):
             return None
         params = config_to_params(self.space, chosen)
         return (chosen, params) if params is not None else None
-
-    def _legacy_target(self, trial: FrozenTrial) -> tuple[ProbeConfig, dict[str, Any]] | None:
-        """The configuration of a trial enqueued before the readable parameter names (a retry or a hand-made
-        config waiting in an older study): Optuna asks for knob names, its fixed params hold exponents."""
-        fixed = trial.system_attrs.get("fixed_params") or {}
-        if not any(name.startswith(LEGACY_PREFIX) for name in fixed):
-            return None
-        try:
-            config = sample_config(self.space, optuna.trial.FixedTrial(upgrade_params(self.space, fixed)))
-        except ValueError:  # a knob the old study did not search: the space changed, choose afresh
-            return None
-        params = config_to_params(self.space, config)
-        return (config, params) if params is not None else None
 
     def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Any) -> None:
         with self._lock:

@@ -71,7 +71,6 @@ __all__ = [
     "misfits",
     "sample_config",
     "twos_in",
-    "upgrade_params",
 ]
 
 
@@ -335,19 +334,6 @@ def _suggest(spec: KnobSpec, trial: Any, cores: int) -> Any:
     if spec.kind == POW2:  # a length: its values, like the batch knobs'
         return trial.suggest_categorical(spec.param, list(spec.values()))
     return trial.suggest_int(spec.param, spec.low, spec.linear_high(cores), step=spec.step)
-
-
-def upgrade_params(space: SearchSpace, params: Mapping[str, Any]) -> dict[str, Any]:
-    """Parameters of a study written before the readable names: each `log2_...` exponent becomes its knob
-    and real value (unit·2^e); other names are kept. For resuming such a study and for reports."""
-    upgraded = dict(params)
-    for spec in space.knobs:
-        legacy = spec.legacy_param
-        if legacy is not None and legacy in upgraded:
-            exponent = upgraded.pop(legacy)
-            if is_int(exponent):
-                upgraded[spec.name] = spec.value(exponent)
-    return upgraded
 
 
 def misfits(space: SearchSpace, config: ProbeConfig) -> list[str]:

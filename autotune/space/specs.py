@@ -24,7 +24,6 @@ __all__ = [
     "FIXED",
     "HOLDING_KNOBS",
     "KNOBS",
-    "LEGACY_PREFIX",
     "LENGTH_KNOBS",
     "LINEAR",
     "LOGPROB",
@@ -143,9 +142,6 @@ OPTIONAL_KNOBS: dict[str, Any] = {  # omitted -> this value (verl's defaults)
 }
 
 
-LEGACY_PREFIX = "log2_"  # how studies before the readable parameters named an exponent
-
-
 # Kinds of KnobSpec.
 FIXED, CHOICES, POW2, LINEAR = "fixed", "choices", "pow2", "linear"
 
@@ -213,15 +209,6 @@ class KnobSpec:
     def param(self) -> str:
         """The Optuna parameter name: the knob's own, with its real values (see the module docstring)."""
         return self.name
-
-    @property
-    def legacy_param(self) -> str | None:
-        """The name older studies gave an exponent knob (`log2_...`; T, M and R counted units of W·n)."""
-        if self.kind != POW2:
-            return None
-        if self.name in UNIT_KNOBS:
-            return f"{LEGACY_PREFIX}{self.name.removesuffix('_size')}_units"
-        return f"{LEGACY_PREFIX}{self.name}"
 
     @property
     def searched(self) -> bool:

@@ -38,7 +38,6 @@ LOCAL_SETTINGS = (
     "placement_timeout",
 )
 # What studies made before the plan existed stored instead (read, never written).
-_LEGACY_PROBE_PLAN, _LEGACY_CONTEXT = "probe_plan", "report_context"
 
 
 @dataclass(frozen=True)
@@ -124,7 +123,7 @@ class StudyPlan:
         attrs = study.user_attrs
         if StudyAttr.PLAN in attrs:
             return cls(**attrs[StudyAttr.PLAN])
-        return _legacy(attrs.get(_LEGACY_PROBE_PLAN) or {}, attrs.get(_LEGACY_CONTEXT) or {})
+        return None
 
 
 def check_same_job(
@@ -143,21 +142,3 @@ def check_same_job(
                 f"{identity.get(key)!r}: its trials would be mixed with another job's; start another study "
                 f"(--study NEW) or use the study's own settings"
             )
-
-
-def _legacy(probe_plan: dict[str, Any], context: dict[str, Any]) -> StudyPlan | None:
-    """A study made by an earlier autotune, which kept the same facts in two attributes."""
-    if not probe_plan and not context:
-        return None
-    space = probe_plan.get("space") or {}
-    return StudyPlan(
-        model=context.get("model", space.get("model", "unknown")),
-        reward_model=context.get("reward_model", space.get("reward_model", "function")),
-        gpus=int(context.get("gpus", space.get("gpus", 1))),
-        budget_bytes=context.get("budget_bytes"),
-        headroom=float(context.get("headroom", DEFAULT_HEADROOM)),
-        space_name=probe_plan.get("space_name", context.get("space")),
-        space=space,
-        settings=probe_plan.get("settings") or {},
-        trials=probe_plan.get("trials"),
-    )

@@ -105,10 +105,7 @@ class ProbeEngine(ABC):
     runs_rollout: ClassVar[bool] = False  # the probe runs the trainer's rollout engine: its pool is measured
     label: ClassVar[str] = ""  # "verl itself": how lines name a trainer that measured its own job
 
-    @property
-    def trainer(self) -> Trainer | None:
-        """The trainer a probe of this engine runs (None: autotune's own iteration)."""
-        return None
+    trainer: ClassVar[Trainer | None] = None  # the trainer its probes run (None: autotune's own iteration)
 
     def check_environment(self, settings: ProbeSettings) -> str | None:
         """The version its probes run under; UserError (exit 2) when they cannot run. None: this python."""
@@ -120,11 +117,7 @@ class ProbeEngine(ABC):
 
     @abstractmethod
     def run(
-        self,
-        config: ProbeConfig,
-        settings: ProbeSettings,
-        program: Path | None,
-        cancel: threading.Event | None,
+        self, config: ProbeConfig, settings: ProbeSettings, cancel: threading.Event | None
     ) -> ProbeResult:
         """One probe to completion, timeout or failure, classified."""
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.errors import UserError
@@ -23,15 +22,11 @@ class BuiltinEngine(ProbeEngine):
     name = "builtin"
 
     def run(
-        self,
-        config: ProbeConfig,
-        settings: ProbeSettings,
-        program: Path | None,
-        cancel: threading.Event | None,
+        self, config: ProbeConfig, settings: ProbeSettings, cancel: threading.Event | None
     ) -> ProbeResult:
         from autotune.probe.launcher import run_probe
 
-        return run_probe(config, settings, program, cancel)
+        return run_probe(config, settings, None, cancel)
 
     def knob_findings(self, config: ProbeConfig, device: str | None = None) -> list[Finding]:
         from autotune.config.rules import builtin_vllm_findings

@@ -12,7 +12,6 @@ plus its line in TRAINERS and ENGINES.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.trainers.base import ProbeEngine, Trainer
@@ -61,14 +60,11 @@ def trainer_of_file(target: Target) -> Trainer | None:
 
 
 def run_probe(
-    config: ProbeConfig,
-    settings: ProbeSettings,
-    program: Path | None = None,
-    cancel: threading.Event | None = None,
+    config: ProbeConfig, settings: ProbeSettings, cancel: threading.Event | None = None
 ) -> ProbeResult:
     """One probe by the engine its settings name, to completion, timeout or failure, classified. Setting
     `cancel` (a second Ctrl-C) kills it at once; the caller records it as interrupted."""
-    return engine_named(settings.engine).run(config, settings, program, cancel)
+    return engine_named(settings.engine).run(config, settings, cancel)
 
 
 def check_cluster_use(ray: str | None, nodes: int, engine: ProbeEngine, trainer: Trainer) -> None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.config.passes import Passes
@@ -27,9 +26,7 @@ class TrlEngine(ProbeEngine):
     name = "trl"
     on_ray = False  # TRL's probes run on this machine only
 
-    @property
-    def trainer(self) -> Trainer:
-        return TRL
+    trainer = TRL
 
     def check_environment(self, settings: ProbeSettings) -> str | None:
         from autotune.probe.trl_backend import check_trl_python
@@ -47,11 +44,7 @@ class TrlEngine(ProbeEngine):
         )
 
     def run(
-        self,
-        config: ProbeConfig,
-        settings: ProbeSettings,
-        program: Path | None,
-        cancel: threading.Event | None,
+        self, config: ProbeConfig, settings: ProbeSettings, cancel: threading.Event | None
     ) -> ProbeResult:
         from autotune.probe.launcher import run_ranks, runner_path
         from autotune.probe.trl_backend import trl_job, trl_python

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.trainers.base import ProbeEngine, Trainer
@@ -25,9 +24,7 @@ class VerlEngine(ProbeEngine):
     runs_rollout = True
     label = "verl itself"
 
-    @property
-    def trainer(self) -> Trainer:
-        return VERL
+    trainer = VERL
 
     def check_environment(self, settings: ProbeSettings) -> str | None:
         from autotune.probe.verl.install import check_verl_python
@@ -57,11 +54,7 @@ class VerlEngine(ProbeEngine):
             )
 
     def run(
-        self,
-        config: ProbeConfig,
-        settings: ProbeSettings,
-        program: Path | None,
-        cancel: threading.Event | None,
+        self, config: ProbeConfig, settings: ProbeSettings, cancel: threading.Event | None
     ) -> ProbeResult:
         from autotune.probe.verl.backend import run_verl_probe
 
