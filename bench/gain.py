@@ -67,7 +67,7 @@ import yaml
 
 from autotune.config.knobs import ProbeConfig, physical_cores
 from autotune.memory.calibration import MemoryModel
-from autotune.memory.sharded import estimate_memory
+from autotune.memory.sharded import estimate_with
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.probe.launcher import run_probe
 from autotune.report.selection import best_feasible
@@ -180,8 +180,8 @@ def original_fraction(original: SearchSpace) -> tuple[float, float]:
     arch = common.prior_memory_model(original, "cuda").arch
     limit = common.space_budget(original).limit
     grid = original.grid()
-    fits = sum(estimate_memory(arch, c, original.gpus).peak <= limit for c in grid)
-    return fits / len(grid), estimate_memory(arch, hand, original.gpus).peak / GIB
+    fits = sum(estimate_with(MemoryModel(arch, original.gpus, "cuda"), c).peak <= limit for c in grid)
+    return fits / len(grid), estimate_with(MemoryModel(arch, original.gpus, "cuda"), hand).peak / GIB
 
 
 def cpu_memory_model(space: SearchSpace) -> MemoryModel:

@@ -57,7 +57,7 @@ def main() -> None:
     for name, config in CONFIGS.items():
         shares = []
         for _ in range(args.repeats):
-            forked = forkserver.forked_ranks()
+            forked = forkserver.ForkServer.forked_total
             result = run_probe(
                 config, ProbeSettings(model="tiny-llama", device="cpu", iterations=args.iterations)
             )
@@ -67,7 +67,7 @@ def main() -> None:
             print(
                 f"{name:52} {result.wall_seconds:7.2f} {result.startup_seconds:8.2f} "
                 f"{result.warmup_seconds:7.2f} {result.measured_seconds:9.2f} {outside:9.1%}  "
-                + ("fork server" if forkserver.forked_ranks() > forked else "plain spawn")
+                + ("fork server" if forkserver.ForkServer.forked_total > forked else "plain spawn")
             )
         print(f"{'':52} median share outside the measured iterations: {statistics.median(shares):.1%}")
 

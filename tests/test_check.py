@@ -27,7 +27,7 @@ from autotune.formats.verl import format_overrides, verl_overrides
 from autotune.memory.architecture import Architecture
 from autotune.memory.calibration import MemoryModel
 from autotune.memory.gpus import gpu_memory_gib, normalise
-from autotune.memory.sharded import estimate_memory, held_as
+from autotune.memory.sharded import estimate_with
 from autotune.models.catalog import resolve_model
 from autotune.units import GIB
 
@@ -36,6 +36,18 @@ SCENARIO_1 = DATA / "seed_scenario_1.yaml"  # 2× A100 80G, Llama-2-7B LoRA r=64
 SCENARIO_2 = DATA / "seed_scenario_2.yaml"  # 4× A100 40G, Llama-2-13B full fine-tuning, FSDP FULL_SHARD
 SCENARIO_3 = DATA / "seed_scenario_3.yaml"  # 1× RTX 3090 24G, TinyLlama 1.1B LoRA r=32
 KL_PITFALL = DATA / "seed_scenario_train300_rollout128.yaml"  # scenario 1 with train_batch_size 300
+
+
+def held_as(config: ProbeConfig, sharding: str = "none", offload: bool = False) -> ProbeConfig:
+    """`config` held as the seed article's fsdp_config says: "none" (replicated), "full_shard" or
+    "shard_grad_op"; `offload`, FSDP's CPU offload (verl's offload_policy)."""
+    layout = "replicate" if sharding == "none" else sharding
+    return dataclasses.replace(config, sharding=layout, offload_policy=offload)
+
+
+def estimate_memory(arch, config: ProbeConfig, gpus: int):
+    """Peak bytes per GPU under the memory model with CUDA priors (uncalibrated)."""
+    return estimate_with(MemoryModel(arch, gpus, "cuda"), config)
 
 
 def _check(path: Path, **options) -> tuple[int, dict]:

@@ -89,9 +89,9 @@ def server(monkeypatch) -> forkserver.ForkServer:
 def test_server_is_warm_single_threaded_and_never_touched_cuda(server, tmp_path, monkeypatch):
     assert server.info["ready"] and server.info["os_threads"] == 1 and server.info["python_threads"] == 1
     assert server.info["cuda_initialized"] is False
-    before = forkserver.forked_ranks()
+    before = forkserver.ForkServer.forked_total
     status, seen = _seen_by(tmp_path, monkeypatch)
-    assert status == "ok" and forkserver.forked_ranks() == before + 1
+    assert status == "ok" and forkserver.ForkServer.forked_total == before + 1
     assert seen["torch_preloaded"] and seen["cuda_initialized"] is False
     assert seen["ppid"] == server.pid and seen["pgid"] == seen["pid"]  # rank 0 leads the probe's group
     assert seen["env"]["RANK"] == "0" and seen["env"]["WORLD_SIZE"] == "1" and seen["env"]["OMP_NUM_THREADS"]
@@ -102,17 +102,17 @@ def test_server_is_warm_single_threaded_and_never_touched_cuda(server, tmp_path,
 def test_switch_off_spawns_fresh_processes(tmp_path, monkeypatch):
     monkeypatch.setenv(forkserver.SWITCH, "0")
     assert forkserver.get() is None
-    before = forkserver.forked_ranks()
+    before = forkserver.ForkServer.forked_total
     status, seen = _seen_by(tmp_path, monkeypatch)
-    assert status == "ok" and forkserver.forked_ranks() == before
+    assert status == "ok" and forkserver.ForkServer.forked_total == before
     assert seen["ppid"] == os.getpid() and not seen["torch_preloaded"]
 
 
 def test_issue_example_forked_measures_like_a_fresh_process(server, monkeypatch):
-    before = forkserver.forked_ranks()
+    before = forkserver.ForkServer.forked_total
     forked = run_probe(ISSUE_EXAMPLE, TINY)
     assert forked.status == "ok", forked.message + forked.stderr_tail
-    assert forkserver.forked_ranks() == before + 1
+    assert forkserver.ForkServer.forked_total == before + 1
     assert forked.samples_per_sec > 0 and forked.tokens_per_sec > 0 and forked.measured_seconds > 0
     assert set(forked.phase_seconds) == {"rollout", "scoring", "advantages", "update"}
     assert forked.peak_memory_source == "rss" and forked.environment["torch"]
@@ -124,29 +124,29 @@ def test_issue_example_forked_measures_like_a_fresh_process(server, monkeypatch)
     spawner = bytearray(b"\1") * (1 << 30)  # 1 GiB, every page written: resident
     fresh = run_probe(ISSUE_EXAMPLE, TINY)
     del spawner
-    assert fresh.status == "ok" and forkserver.forked_ranks() == before + 1
+    assert fresh.status == "ok" and forkserver.ForkServer.forked_total == before + 1
     # A forked rank starts from the server's resident pages, as a fresh one from its own imports (+2-3%).
     seen = {name: r.rank_peaks for name, r in (("forked", forked), ("fresh", fresh))}
     assert forked.peak_memory_bytes == pytest.approx(fresh.peak_memory_bytes, rel=0.06), seen
 
 
 def test_two_gloo_ranks_share_one_group(server):
-    before = forkserver.forked_ranks()
+    before = forkserver.ForkServer.forked_total
     result = run_probe(ISSUE_EXAMPLE, ProbeSettings(model="tiny-llama", world_size=2, iterations=1))
     assert result.status == "ok", result.message + result.stderr_tail
-    assert forkserver.forked_ranks() == before + 2
+    assert forkserver.ForkServer.forked_total == before + 2
     assert len(result.rank_peaks) == 2 and result.samples_per_sec > 0
 
 
 def test_hang_ends_as_timeout_and_leaves_no_process(server, tmp_path, monkeypatch):
     pids_file = tmp_path / "pids.txt"
     monkeypatch.setenv("FAKE_PIDS_FILE", str(pids_file))
-    before, started = forkserver.forked_ranks(), time.monotonic()
+    before, started = forkserver.ForkServer.forked_total, time.monotonic()
     result = run_probe(
         ProbeConfig(), ProbeSettings(world_size=2, timeout_seconds=3), program=FAKES / "hang.py"
     )
     assert result.status == "timeout" and time.monotonic() - started < 3 + 10
-    assert forkserver.forked_ranks() == before + 2
+    assert forkserver.ForkServer.forked_total == before + 2
     pids = [int(line) for line in pids_file.read_text().split()]
     assert len(pids) == 4
     time.sleep(0.2)
@@ -155,9 +155,9 @@ def test_hang_ends_as_timeout_and_leaves_no_process(server, tmp_path, monkeypatc
 
 
 def test_crash_ends_as_crashed_with_the_programs_traceback(server):
-    before = forkserver.forked_ranks()
+    before = forkserver.ForkServer.forked_total
     result = run_probe(ProbeConfig(), FAST, program=FAKES / "crash.py")
-    assert forkserver.forked_ranks() == before + 1
+    assert forkserver.ForkServer.forked_total == before + 1
     assert result.status == "crashed" and "exit code 1" in result.message
     assert "loading the model" in result.stderr_tail and "probe exploded on purpose" in result.stderr_tail
     assert "Traceback" in result.stderr_tail and "runpy" not in result.stderr_tail
@@ -190,12 +190,12 @@ def test_server_dying_mid_probe_then_fallback_then_a_new_server(server, tmp_path
     assert "fork server exited" in result.stderr_tail
     assert not server.alive
 
-    before = forkserver.forked_ranks()
+    before = forkserver.ForkServer.forked_total
     status, seen = _seen_by(tmp_path, monkeypatch)
-    assert status == "ok" and forkserver.forked_ranks() == before and seen["ppid"] == os.getpid()
+    assert status == "ok" and forkserver.ForkServer.forked_total == before and seen["ppid"] == os.getpid()
 
     status, seen = _seen_by(tmp_path, monkeypatch)
-    assert status == "ok" and forkserver.forked_ranks() == before + 1
+    assert status == "ok" and forkserver.ForkServer.forked_total == before + 1
     assert seen["ppid"] not in (server.pid, os.getpid())
 
 
@@ -250,7 +250,7 @@ def test_a_server_that_cannot_start_means_fresh_processes(tmp_path, monkeypatch)
     with pytest.raises(forkserver.ForkServerError, match="did not start"):
         forkserver.ForkServer(broken)
     monkeypatch.setattr(forkserver, "server_program", lambda: broken)
-    before = forkserver.forked_ranks()
+    before = forkserver.ForkServer.forked_total
     status, seen = _seen_by(tmp_path, monkeypatch)
-    assert status == "ok" and forkserver.forked_ranks() == before and seen["ppid"] == os.getpid()
+    assert status == "ok" and forkserver.ForkServer.forked_total == before and seen["ppid"] == os.getpid()
     assert forkserver.get() is None  # and it is not tried again for every probe

@@ -18,8 +18,9 @@ from autotune.formats.read import read_target
 from autotune.formats.verl import AR, parse_overrides, verl_rule_violations
 from autotune.memory.budget import Budget
 from autotune.report.selection import best_feasible, select
-from autotune.report.write import files_for, write_report
+from autotune.report.write import FILES, write_report
 from autotune.study.plan import StudyPlan
+from autotune.trainers.registry import TRAINERS, trainer_named
 from autotune.units import GIB
 from tests.report_studies import (
     BASE,
@@ -44,6 +45,12 @@ SEED_KEYS = (
     "actor_model_config",
 )
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+
+
+def files_for(target: str) -> tuple[str, ...]:
+    """What a report with a recommendation writes for a study that exports for `target`."""
+    others = {t.export_file for t in TRAINERS.values()} - {trainer_named(target).export_file}
+    return tuple(name for name in FILES if name not in others)
 
 
 def numbers(trials) -> list[int]:

@@ -1,7 +1,7 @@
 import pytest
 
 from autotune.config.knobs import ProbeConfig, parse_sets, resolve_mini_batch
-from autotune.config.rules import config_findings, make_config
+from autotune.config.rules import config_findings, raise_for
 from autotune.errors import UserError
 
 
@@ -133,9 +133,9 @@ def test_forward_micro_batch_must_divide_rank_share():
     assert any("log_prob_micro_batch_size=3" in p for p in problems)
 
 
-def test_make_config_reports_every_problem_on_one_line():
+def test_every_problem_of_a_config_is_one_line():
     with pytest.raises(UserError) as info:
-        make_config({"train_batch_size": 20, "num_rollout_workers": 64}, 1)
+        raise_for(config_findings(ProbeConfig(train_batch_size=20, num_rollout_workers=64), 1))
     message = str(info.value)
     assert "\n" not in message
     assert "train_batch_size=20" in message and "num_rollout_workers=64" in message

@@ -29,7 +29,7 @@ TEXTS = [
 
 def test_shipped_file_is_small_and_described() -> None:
     assert tokenizer.PROJECT_TOKENIZER_FILE.stat().st_size < 1.5e6
-    info = tokenizer.project_tokenizer_info()
+    info = json.loads(tokenizer.PROJECT_TOKENIZER_META.read_text(encoding="utf-8"))
     assert 16_000 <= info["vocab_size"] <= 32_000
     assert info["vocab_size"] == len(load_project_tokenizer())
     assert "standard library" in info["corpus"]

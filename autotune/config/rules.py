@@ -1,5 +1,5 @@
 """Every rule a configuration must keep, written once: `config_findings` returns each broken rule as a
-`Finding` (key, value, rule, fix). Building a config (`make_config`) raises one `UserError` from them,
+`Finding` (key, value, rule, fix). `raise_for` makes one `UserError` of them (`autotune probe --set`),
 `autotune check` prints them, the study and the verl export refuse a config that has any.
 
 The rules and why (docs/design.md, "Knobs and invariants"), with W GPUs and n = rollout_n:
@@ -53,7 +53,6 @@ __all__ = [
     "builtin_vllm_findings",
     "config_findings",
     "head_findings",
-    "make_config",
     "model_findings",
     "position_findings",
     "problems",
@@ -105,13 +104,6 @@ def raise_for(findings: list[Finding]) -> None:
     found = problems(findings)
     if found:
         raise UserError("; ".join(f.line for f in found))
-
-
-def make_config(overrides: dict[str, Any], world_size: int, base: ProbeConfig | None = None) -> ProbeConfig:
-    """Apply overrides to a base config and check every rule; all problems are reported at once."""
-    config = dataclasses.replace(base or ProbeConfig(), **overrides)
-    raise_for(config_findings(config, world_size))
-    return config
 
 
 def config_findings(

@@ -1,7 +1,7 @@
 """Peak bytes per GPU of a config held as a job holds it: replicated, or sharded by FSDP, with offload.
 
-    estimate = estimate_memory(arch, config, gpus=4)                 # CUDA priors, uncalibrated
-    estimate = estimate_with(MemoryModel(arch, 4, "cpu"), config)    # any model: the study's, calibrated
+    estimate = estimate_with(MemoryModel(arch, 4, "cuda"), config)   # CUDA priors, uncalibrated; or the
+                                                                     # study's model, calibrated
     estimate.peak, estimate.states, estimate.phases, estimate.peak_phase
 
 The probe's memory model covers every holding the probe can run (autotune.memory.calibration): the config
@@ -16,11 +16,10 @@ from dataclasses import dataclass
 
 from autotune.config.knobs import ProbeConfig
 from autotune.config.passes import Passes
-from autotune.memory.architecture import Architecture
 from autotune.memory.calibration import MemoryModel
 from autotune.units import GIB, gib
 
-__all__ = ["MemoryEstimate", "describe", "estimate_memory", "estimate_with", "held_as", "model_label"]
+__all__ = ["MemoryEstimate", "describe", "estimate_with", "model_label"]
 
 
 @dataclass(frozen=True)
@@ -37,20 +36,6 @@ class MemoryEstimate:
     @property
     def peak_phase(self) -> str:
         return max(self.phases, key=self.phases.__getitem__)
-
-
-def held_as(config: ProbeConfig, sharding: str = "none", offload: bool = False) -> ProbeConfig:
-    """`config` held as the seed article's fsdp_config says: sharding "none" (replicated), "full_shard" or
-    "shard_grad_op"; `offload`, FSDP's CPU offload (parameters, gradients and Adam's states on the host, the
-    step there: FSDP2's CPUOffloadPolicy, verl's offload_policy)."""
-    layout = "replicate" if sharding == "none" else sharding
-    return dataclasses.replace(config, sharding=layout, offload_policy=offload)
-
-
-def estimate_memory(arch: Architecture, config: ProbeConfig, gpus: int) -> MemoryEstimate:
-    """Peak bytes per GPU of `config`, held as it says, under the memory model with CUDA priors
-    (uncalibrated)."""
-    return estimate_with(MemoryModel(arch, gpus, "cuda"), config)
 
 
 def model_label(model: MemoryModel) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from autotune.errors import UserError
 
@@ -34,7 +34,6 @@ __all__ = [
     "load_local_tokenizer",
     "load_project_tokenizer",
     "load_tokenizer",
-    "project_tokenizer_info",
     "stand_in_template",
     "stand_in_tokenizer",
 ]
@@ -112,12 +111,6 @@ def _project_tokenizer() -> PreTrainedTokenizerBase:
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
-
-
-def project_tokenizer_info() -> dict[str, Any]:
-    """Where the project tokenizer comes from (corpus, vocabulary), from the meta file written with it."""
-    with open(PROJECT_TOKENIZER_META, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def stand_in_tokenizer(model: str, vocab_size: int) -> str:

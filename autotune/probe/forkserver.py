@@ -61,7 +61,6 @@ __all__ = [
     "ForkServerError",
     "ForkedRank",
     "enabled",
-    "forked_ranks",
     "get",
     "serve",
     "server_program",
@@ -309,11 +308,6 @@ def _keep(requests: queue.Queue[Future[ForkServer]]) -> None:
             started.set_result(ForkServer())
         except BaseException as exc:  # the caller handles it, in its own thread
             started.set_exception(exc)
-
-
-def forked_ranks() -> int:
-    """Ranks forked by fork servers in this process so far: tells which path a probe took."""
-    return ForkServer.forked_total
 
 
 @atexit.register

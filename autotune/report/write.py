@@ -51,36 +51,28 @@ from autotune.report.tables import (
 from autotune.status import Attr
 from autotune.study.plan import StudyPlan
 from autotune.study.trials import trial_status
-from autotune.trainers.registry import trainer_named
+from autotune.trainers.registry import TRAINERS, trainer_named
 from autotune.units import GIB, gib
 
 __all__ = [
-    "EXPORTS",
     "FILES",
     "SUMMARY_FILE",
     "ReportResult",
-    "files_for",
     "study_plan",
     "summary",
     "write_report",
 ]
 
+SUMMARY_FILE = "summary.json"
+# every file a report may write, in order; of the trainers' exports, only the study's trainer's is written
 FILES = (
     "best_config.yaml",
-    "verl_overrides.txt",
-    "trl_config.yaml",
+    *(trainer.export_file for trainer in TRAINERS.values()),
     "trials.csv",
     "report.md",
     "report.html",
-    "summary.json",
+    SUMMARY_FILE,
 )
-SUMMARY_FILE = "summary.json"
-EXPORTS = {"verl": "verl_overrides.txt", "trl": "trl_config.yaml"}  # the target trainer's file
-
-
-def files_for(target: str) -> tuple[str, ...]:
-    """What a report with a recommendation writes for a study that exports for `target`."""
-    return tuple(name for name in FILES if name not in EXPORTS.values() or name == EXPORTS[target])
 
 
 @dataclass
