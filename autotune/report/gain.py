@@ -23,12 +23,13 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.config.knobs import ProbeConfig
-from autotune.formats.verl_table import not_verl_knobs
 from autotune.probe.conditions import worst_disturbance
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report import pick
 from autotune.status import Attr, StudyAttr
+from autotune.study.plan import StudyPlan
 from autotune.study.trials import config_key, measured_ok, trial_config, trial_config_of
+from autotune.trainers.registry import trainer_named
 
 __all__ = [
     "ROUNDS",
@@ -77,14 +78,14 @@ class Side:
     label: str
 
 
-def with_verl_knobs(hand_made: ProbeConfig, winner: ProbeConfig) -> ProbeConfig:
-    """The recommended configuration with the hand-made one's values of the knobs verl does not read (the
-    rollout batch): in verl, the same job as the recommended one; in the probe, the hand-made config with
-    only verl's knobs changed to the pick's."""
-    return dataclasses.replace(winner, **{name: getattr(hand_made, name) for name in not_verl_knobs()})
+def with_verl_knobs(hand_made: ProbeConfig, winner: ProbeConfig, unread: tuple[str, ...]) -> ProbeConfig:
+    """The recommended configuration with the hand-made one's values of the knobs the trainer does not read
+    (`unread`; verl's: the rollout batch): in the trainer, the same job as the recommended one; in the
+    probe, the hand-made config with only the trainer's knobs changed to the pick's."""
+    return dataclasses.replace(winner, **{name: getattr(hand_made, name) for name in unread})
 
 
-def sides(winner: FrozenTrial, rivals: list[FrozenTrial]) -> list[Side]:
+def sides(winner: FrozenTrial, rivals: list[FrozenTrial], unread: tuple[str, ...]) -> list[Side]:
     """What one round probes, in turn: each hand-made config, then (when it differs from the pick in a knob
     verl does not read) the same with only verl's knobs set to the pick's, then the pick. The second makes
     the gain verl would see: hand-made -> second is what verl's knobs give, second -> pick what only the
@@ -95,7 +96,7 @@ def sides(winner: FrozenTrial, rivals: list[FrozenTrial]) -> list[Side]:
         label = trial.user_attrs.get(Attr.SEED_CONFIG)
         config = trial_config_of(trial)
         order.append(Side(str(trial.number), config, f"#{trial.number} (hand-made '{label}')"))
-        mixed = with_verl_knobs(config, pick_config)
+        mixed = with_verl_knobs(config, pick_config, unread)
         if config_key(mixed) != config_key(pick_config):
             mixed_label = f"#{trial.number} with #{winner.number}'s verl knobs"
             order.append(Side(verl_side_key(trial.number), mixed, mixed_label))
@@ -209,7 +210,8 @@ def compare(
 ) -> Comparison | None:
     """Probe each side (`sides`) in turn, `rounds` times; store and return the comparison, or None when it
     was stopped before each side had one measurement (nothing half-made is kept)."""
-    order = sides(winner, rivals)
+    plan = StudyPlan.load(study)
+    order = sides(winner, rivals, trainer_named(plan.target if plan else None).unread_knobs())
     taken: dict[str, list[dict[str, Any]]] = {side.key: [] for side in order}
     for _ in range(rounds):
         for side in order:

@@ -13,14 +13,13 @@ from autotune.config.knobs import ProbeConfig
 from autotune.config.passes import Passes
 from autotune.formats.rollout import RULES
 from autotune.formats.verl import format_value
-from autotune.formats.verl_table import not_verl_knobs
 from autotune.probe.conditions import worst_disturbance
 from autotune.report import pick
 from autotune.report.lines import SHORT_NAMES, VERL_WORDS, verl_short
 from autotune.report.missing_gain import no_gain_line
 from autotune.status import Attr, Status
 from autotune.study.trials import describe_budget, trial_config, trial_environment, trial_status
-from autotune.trainers.registry import engine_named, trainer_named
+from autotune.trainers.registry import Trainer, engine_named, trainer_named
 from autotune.units import gib
 
 if TYPE_CHECKING:
@@ -422,7 +421,7 @@ def gain_lines(report: ReportData) -> list[str]:
     for g in report.gains:
         busy = f"; during those probes {'; '.join(g.conditions)}" if g.conditions else ""
         if g.verl is not None:
-            lines.append(_back_to_back_line(g, busy, trainer_of(report)))
+            lines.append(_back_to_back_line(g, busy, trainer_named(report.plan.target)))
         elif g.ratio:
             basis = (
                 "first measurements, not back to back: the machine's load at each probe may account for "
@@ -468,25 +467,26 @@ def transfer_line(report: ReportData) -> str | None:
     )
 
 
-def _back_to_back_line(g: Gain, busy: str, trainer: str = "verl") -> str:
+def _back_to_back_line(g: Gain, busy: str, trainer: Trainer) -> str:
     """`1.32x the samples/s of the hand-made config 'x' from verl's knobs (back to back: every pair of
     measurements 1.24-1.41x)`, or that no gain stands out of the probes' noise."""
     spread = g.verl
     assert spread is not None
+    name = trainer.label
     pairs = f"every pair of back-to-back measurements {spread.low:.2f}-{spread.high:.2f}x"
     extra = ""
     if g.probe_only is not None:
         extra = (
-            f"; {', '.join(not_verl_knobs())}, which {trainer} does not read, made {g.probe_only.ratio:.2f}x "
-            f"more in the probe (not in a {trainer} job)"
+            f"; {', '.join(trainer.unread_knobs())}, which {name} does not read, made "
+            f"{g.probe_only.ratio:.2f}x more in the probe (not in a {name} job)"
         )
     if not spread.beyond_noise:
         return (
-            f"no gain beyond the probes' noise over the hand-made config '{g.name}' from {trainer}'s knobs: "
+            f"no gain beyond the probes' noise over the hand-made config '{g.name}' from {name}'s knobs: "
             f"{spread.ratio:.2f}x ({pairs}){extra}{busy}."
         )
     return (
-        f"{spread.ratio:.2f}x the samples/s of the hand-made config '{g.name}' from the knobs {trainer} "
+        f"{spread.ratio:.2f}x the samples/s of the hand-made config '{g.name}' from the knobs {name} "
         f"reads ({pairs}){extra}{busy}."
     )
 
