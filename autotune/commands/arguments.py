@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from autotune.config.numbers import MAX_GIB, MAX_RANKS, MAX_SECONDS, argument, parse_float, parse_int
 from autotune.formats.trl import TRL_VERSION
-from autotune.probe.contract import ENGINES
 from autotune.probe.verl.install import VERL_VERSION
+from autotune.trainers.registry import BUILTIN, ENGINES
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -129,8 +129,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, engine: bool = True) -
     if engine:
         parser.add_argument(
             "--engine",
-            choices=ENGINES,
-            default="builtin",
+            choices=tuple(ENGINES),
+            default=BUILTIN.name,
             help="what runs a probe: builtin (autotune's own PPO/GRPO iteration; CPU or GPU), verl "
             "(python -m verl.trainer.main_ppo itself for the warm-up and measured steps, with vLLM's pool; "
             "GPU machines, --verl-python) or trl (TRL's GRPOTrainer itself; CPU or GPU, --trl-python)",

@@ -19,7 +19,7 @@ from autotune.commands.arguments import (
     options_from,
 )
 from autotune.formats.rollout import ROLLOUT_ENGINES
-from autotune.formats.target import TARGETS
+from autotune.trainers.registry import TRAINERS
 
 __all__ = ["add_parser", "run"]
 
@@ -165,7 +165,7 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--target",
-        choices=TARGETS,
+        choices=tuple(TRAINERS),
         help="the trainer the export is for: verl (best_config.yaml and verl_overrides.txt; default) or trl "
         "(best_config.yaml and trl_config.yaml for TRL's GRPOTrainer); with --from, the file's trainer",
     )

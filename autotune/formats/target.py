@@ -9,9 +9,8 @@ from typing import Any
 from autotune.config.knobs import DEFAULT_HEADROOM, ProbeConfig
 from autotune.config.rules import Finding
 
-__all__ = ["ASSUMED", "DEFAULT_LAYOUT", "TARGETS", "Measured", "Target", "looks_like_overrides"]
+__all__ = ["ASSUMED", "DEFAULT_LAYOUT", "Measured", "Target", "looks_like_overrides"]
 
-TARGETS = ("verl", "trl")  # the trainers a study exports for (--target)
 
 # What a file that names no sharding runs as: verl always holds the states with FSDP, full-shard over every
 # GPU unless told otherwise (fsdp_size -1, reshard_after_forward true). Both formats read an absent key so.

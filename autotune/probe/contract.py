@@ -13,9 +13,8 @@ from typing import Any
 
 from autotune.units import GIB
 
-__all__ = ["ENGINES", "MMAP_THRESHOLD", "OOM_EXIT_CODE", "PARENT_VARIABLE", "ProbeResult", "ProbeSettings"]
+__all__ = ["MMAP_THRESHOLD", "OOM_EXIT_CODE", "PARENT_VARIABLE", "ProbeResult", "ProbeSettings"]
 
-ENGINES = ("builtin", "verl", "trl")  # what runs a probe (--engine)
 
 OOM_EXIT_CODE = 3  # a rank that caught an out-of-memory exception, after writing its result
 PARENT_VARIABLE = "AUTOTUNE_RANK_PARENT"  # the pid a rank's parent has, named by the launcher that starts it
@@ -42,7 +41,7 @@ class ProbeSettings:
     prompts_file: str | None = None  # JSON list of prompt texts (autotune run --data); None: synthetic
     visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES for the ranks (a --parallel slot's GPUs)
     threads_per_rank: int | None = None  # CPU threads per rank (a --parallel slot's share of the cores)
-    engine: str = "builtin"  # one of ENGINES: autotune's own PPO iteration, or verl itself (GPU machines)
+    engine: str = "builtin"  # autotune.trainers.registry.ENGINES: the built-in probe, or verl or TRL
     verl_python: str | None = None  # the verl environment's python (--verl-python), for engine "verl"
     trl_python: str | None = None  # the TRL environment's python (--trl-python; None: this one), engine "trl"
     # whose training passes the built-in probe runs (autotune.probe.rank.ppo.PASSES): verl's packed passes on

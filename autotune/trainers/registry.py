@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from autotune.probe.contract import ProbeResult, ProbeSettings
 
 __all__ = [
+    "BUILTIN",
     "DEFAULT_TRAINER",
     "ENGINES",
     "TRAINERS",
