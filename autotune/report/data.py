@@ -47,7 +47,6 @@ from autotune.study.trials import (
     trial_environment,
     trial_status,
 )
-from autotune.trainers.registry import ProbeEngine, engine_named, trainer_named
 from autotune.units import GIB, gib
 
 __all__ = [
@@ -145,7 +144,7 @@ def build_report(
         config = trial_config_of(chosen)
         figures = gain.headline(study, chosen)
         measured = measured_block(chosen, study.study_name, plan.gpus, budget, created, figures, plan.nodes)
-        if not trainer_named(plan.target).sizes_rollout:  # TRL's file; best_config.yaml without verl's blocks
+        if not plan.trainer.sizes_rollout:  # TRL's file; best_config.yaml without verl's blocks
             device = (chosen.user_attrs.get(Attr.RESULT) or {}).get("device", "cuda")
             model = verl_model_path(plan.model)
             trl_config = trl_config_text(config, plan.gpus, model, device, measured)
@@ -195,7 +194,7 @@ def _verl_export(
     verl = verl_overrides(
         config, plan.gpus, verl_model_path(plan.model), engine, workers=workers, nodes=plan.nodes
     )
-    verl_knobs = exported_knobs(verl.values, engine, _probe_engine(plan).runs_rollout)
+    verl_knobs = exported_knobs(verl.values, engine, plan.engine.runs_rollout)
     figures_block = document.pop("measured")  # kept last, after the verl keys
     document[VERL_EXPORT] = {knob.key: knob.to_dict() for knob in verl_knobs}
     document["measured"] = figures_block
@@ -217,7 +216,7 @@ def engine_for(
     stay on the GPU while vLLM generates (formats/rollout.py), as the probe recorded them, else as the memory
     model prices them, plus the runtime (the memory model's constant). `peak` is kept for callers; the whole
     peak sizes nothing."""
-    if _probe_engine(plan).runs_rollout:  # exactly the engine the verl probe ran, sized by no rule
+    if plan.engine.runs_rollout:  # exactly the engine the verl probe ran, sized by no rule
         engine = rollout_engine(
             config, plan.gpus, plan.rollout_engine, None, None, plan.model_parameters, plan.attention_heads
         )
@@ -235,15 +234,11 @@ def engine_for(
     )
 
 
-def _probe_engine(plan: StudyPlan) -> ProbeEngine:
-    return engine_named(plan.settings.get("engine"))
-
-
 def exported_workers(plan: StudyPlan) -> int | None:
     """The worker count the export writes: None (the configuration's own) where verl measured it (--engine
     verl), else verl's default. The built-in probe's workers fit the probing machine's cores, not the
     training node's, and verl's V1 spreads a step's prompts over its agent-loop workers."""
-    return None if _probe_engine(plan).runs_rollout else VERL_DEFAULT_WORKERS
+    return None if plan.engine.runs_rollout else VERL_DEFAULT_WORKERS
 
 
 def modelled_resident_bytes(plan: StudyPlan, config: Any, device: str) -> int | None:
@@ -311,7 +306,7 @@ def best_config_yaml(report: ReportData) -> str:
         f"# autotune: the recommended configuration of study {report.study_name} (trial "
         f"#{data['measured']['trial_number']}), measured by a real {data['algorithm'].upper()} "
         f"iteration.\n# Sizes count samples (responses) over all {plan.gpus} GPU(s); micro sizes are per "
-        f"GPU. {trainer_named(plan.target).same_config_line()}\n{reward}{_workers_note(report)}"
+        f"GPU. {plan.trainer.same_config_line()}\n{reward}{_workers_note(report)}"
     )
     return seed_yaml(data, header)
 

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 from optuna.trial import FrozenTrial
 
 from autotune.config.knobs import ProbeConfig
-from autotune.config.passes import Passes
 from autotune.formats.rollout import RULES
 from autotune.formats.verl import format_value
 from autotune.probe.conditions import worst_disturbance
@@ -19,7 +18,7 @@ from autotune.report.lines import SHORT_NAMES, VERL_WORDS, verl_short
 from autotune.report.missing_gain import no_gain_line
 from autotune.status import Attr, Status
 from autotune.study.trials import describe_budget, trial_config, trial_environment, trial_status
-from autotune.trainers.registry import Trainer, engine_named, trainer_named
+from autotune.trainers.registry import Trainer
 from autotune.units import gib
 
 if TYPE_CHECKING:
@@ -197,7 +196,7 @@ def closest_table(report: ReportData) -> Table:
 
 def trainer_of(report: ReportData) -> str:
     """The trainer the study exports for, as lines name it."""
-    return trainer_named(report.plan.target).label
+    return report.plan.trainer.label
 
 
 def gains_table(report: ReportData) -> Table:
@@ -304,9 +303,7 @@ def verl_lines(report: ReportData) -> list[str]:
         "Sizes in verl count prompts: data.train_batch_size = T/n, data.gen_batch_size = R/n, "
         "actor.ppo_mini_batch_size = m·g·W/n (verl multiplies it by rollout.n, splits it over the W GPUs "
         "and runs (M·n/W)/m = g micro-batches of m per GPU per optimizer step).",
-        MEASURED_BY_VERL
-        if engine_named(report.plan.settings.get("engine")).runs_rollout
-        else NOT_MEASURED.format(rules=RULES),
+        MEASURED_BY_VERL if report.plan.engine.runs_rollout else NOT_MEASURED.format(rules=RULES),
     ]
     if report.verl is not None:
         lines += report.verl.notes
@@ -339,7 +336,7 @@ def verl_default_lines(report: ReportData) -> list[str]:
 def launch_line(report: ReportData, path: str | None = None) -> str:
     """The command that starts the study's trainer on its exported file (`path`, default the file's name: run
     beside it); replace the /path/to/ parts."""
-    trainer = trainer_named(report.plan.target)
+    trainer = report.plan.trainer
     values = report.verl.values if report.verl is not None else {}
     return trainer.launch_line(
         path or trainer.export_file, report.plan.gpus, values, report.plan.reward_model
@@ -421,7 +418,7 @@ def gain_lines(report: ReportData) -> list[str]:
     for g in report.gains:
         busy = f"; during those probes {'; '.join(g.conditions)}" if g.conditions else ""
         if g.verl is not None:
-            lines.append(_back_to_back_line(g, busy, trainer_named(report.plan.target)))
+            lines.append(_back_to_back_line(g, busy, report.plan.trainer))
         elif g.ratio:
             basis = (
                 "first measurements, not back to back: the machine's load at each probe may account for "
@@ -448,8 +445,8 @@ def step_gain(gain: float, generation_share: float) -> float:
 def transfer_line(report: ReportData) -> str | None:
     """What the gain in the phases verl shares with the probe makes of a verl step (verl's passes only: the
     probe's rollout is synthetic, vLLM generates in the real job)."""
-    passes = report.plan.settings.get("passes")
-    if passes is None or not Passes(passes).packed:
+    passes = report.plan.passes
+    if passes is None or not passes.packed:
         return None
     found = [g.verl.ratio if g.verl is not None else g.ratio for g in report.gains]
     ratios = [r for r in found if r is not None and r > 0]

@@ -51,7 +51,7 @@ from autotune.report.tables import (
 from autotune.status import Attr
 from autotune.study.plan import StudyPlan
 from autotune.study.trials import trial_status
-from autotune.trainers.registry import TRAINERS, trainer_named
+from autotune.trainers.registry import TRAINERS
 from autotune.units import GIB, gib
 
 __all__ = [
@@ -168,7 +168,7 @@ def write_report(
 
 def export_launch(report: ReportData, out_dir: Path) -> str:
     """The command that starts the target trainer on the exported file."""
-    return launch_line(report, str((out_dir / trainer_named(report.plan.target).export_file).resolve()))
+    return launch_line(report, str((out_dir / report.plan.trainer.export_file).resolve()))
 
 
 def summary_lines(report: ReportData, out_dir: Path, files: dict[str, Path]) -> list[str]:

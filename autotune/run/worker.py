@@ -98,7 +98,6 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     from autotune.search.sampler import SystemSampler
     from autotune.study.outage import PENDING_FILE
     from autotune.study.trials import check_study_name, open_study
-    from autotune.trainers.registry import engine_named
 
     console = console or Console()
     check_study_name(options.study)
@@ -109,7 +108,7 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     space = _joinable_space(plan, options)
     device = resolve_device(options.device, space.gpus)
     check_offload(space, device)
-    engine_named(plan.settings.get("engine")).check_space_knobs(space, device)
+    plan.engine.check_space_knobs(space, device)
     settings = worker_settings(
         plan, device, options.trust_remote_code, options.verl_python, options.trl_python
     )

@@ -20,10 +20,12 @@ from typing import Any
 import optuna
 
 from autotune.config.knobs import DEFAULT_HEADROOM
+from autotune.config.passes import Passes
 from autotune.errors import UserError
 from autotune.memory.budget import Budget
 from autotune.probe.contract import ProbeSettings
 from autotune.status import StudyAttr
+from autotune.trainers.registry import ProbeEngine, Trainer, engine_named, trainer_named
 
 __all__ = ["LOCAL_SETTINGS", "StudyPlan", "check_same_job"]
 
@@ -37,7 +39,6 @@ LOCAL_SETTINGS = (
     "ray_address",
     "placement_timeout",
 )
-# What studies made before the plan existed stored instead (read, never written).
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,22 @@ class StudyPlan:
         """Nodes a probe spanned (--nodes), `gpus` // nodes on each: verl's trainer.nnodes (1 for older
         studies)."""
         return int(self.settings.get("nodes") or 1)
+
+    @property
+    def trainer(self) -> Trainer:
+        """The trainer the study exports for."""
+        return trainer_named(self.target)
+
+    @property
+    def engine(self) -> ProbeEngine:
+        """What ran the study's probes (the built-in probe for a study `run` did not start)."""
+        return engine_named(self.settings.get("engine"))
+
+    @property
+    def passes(self) -> Passes | None:
+        """Whose training passes the probes ran; None for a study `run` did not start."""
+        stored = self.settings.get("passes")
+        return None if stored is None else Passes(stored)
 
     @property
     def budget(self) -> Budget | None:
