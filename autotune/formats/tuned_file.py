@@ -407,12 +407,7 @@ def tune_override_file(text: str, changes: dict[str, str]) -> str:
         match = pattern.match(lines[last])
         assert match is not None
         lines[last] = f"{match.group(1)}{value}{match.group(3) or ''}"
-    tuned = "".join(lines)
-    if appended:
-        newline = "\r\n" if tuned.endswith("\r\n") else "\n"
-        if tuned and not tuned.endswith("\n"):
-            tuned += newline
-        tuned += "".join(line + newline for line in appended)
+    tuned = _appended("".join(lines), appended)
     return tuned
 
 
@@ -465,12 +460,7 @@ def tune_yaml_config(text: str, changes: dict[str, object]) -> str:
             continue
         for i in reversed(hits):
             lines[i : _block_end(lines, i)] = [_yaml_line(lines[i], pattern, dumped)]
-    tuned = "".join(lines)
-    if appended:
-        newline = "\r\n" if tuned.endswith("\r\n") else "\n"
-        if tuned and not tuned.endswith("\n"):
-            tuned += newline
-        tuned += "".join(line + newline for line in appended)
+    tuned = _appended("".join(lines), appended)
     expected = {**original, **{key: yaml.safe_load(_yaml_scalar(value)) for key, value in changes.items()}}
     try:
         kept = yaml.safe_load(tuned) == expected
@@ -511,3 +501,13 @@ def _block_end(lines: list[str], i: int) -> int:
             continue
         break
     return last
+
+
+def _appended(text: str, lines: list[str]) -> str:
+    """`text` with `lines` added at its end, in its own line endings (a last line without one gets one)."""
+    if not lines:
+        return text
+    newline = "\r\n" if text.endswith("\r\n") else "\n"
+    if text and not text.endswith("\n"):
+        text += newline
+    return text + "".join(line + newline for line in lines)
