@@ -11,6 +11,7 @@ from typing import Any
 from autotune.memory.budget import Budget
 from autotune.probe.contract import ProbeSettings
 from autotune.run.job_data import PROMPTS_LIMIT
+from autotune.trainers.registry import BUILTIN, engine_named
 
 __all__ = ["identity_fingerprint", "machine_identity", "study_identity"]
 
@@ -39,7 +40,8 @@ def study_identity(
         "prompts": prompts or "synthetic",
         "passes": settings.passes,
         "responses": _digest(json.dumps(responses)) if responses else "at the limit",
-        **({"engine": settings.engine} if settings.engine != "builtin" else {}),  # older studies: builtin
+        # the built-in probe's studies carry no engine key, so that their fingerprints stay as they were
+        **({"engine": settings.engine} if engine_named(settings.engine) is not BUILTIN else {}),
         **({"recipe": recipe} if recipe is not None else {}),
     }
 
