@@ -1,0 +1,177 @@
+"""A CPU platform for verl 0.9.1, registered from outside verl through its own plugin API (issue 48).
+
+An experiment, not a feature: with it `python -m verl.trainer.main_ppo` builds the FSDP2 actor on CPU with
+gloo, then stops at the rollout (verl 0.9.1 registers only vLLM, SGLang and TRT-LLM servers). README.md
+beside this file has the chain of blockers and what is left.
+
+Load with VERL_USE_EXTERNAL_MODULES=cpu_platform (this folder on PYTHONPATH) and VERL_PLATFORM=cpu:
+verl/__init__.py:49-52 imports the modules named there in every process that imports verl (Ray's too).
+"""
+
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+import torch
+from verl.plugin.platform.platform_base import PlatformBase
+from verl.plugin.platform.platform_manager import PlatformRegistry
+
+
+class _CPUDeviceModule(ModuleType):
+    """torch.cpu plus no-op stand-ins for the torch.cuda calls verl makes through get_torch_device()."""
+
+    def __init__(self):
+        super().__init__("verl_cpu_device")
+
+    def __getattr__(self, name):
+        return getattr(torch.cpu, name)
+
+    def empty_cache(self):
+        return None
+
+    def ipc_collect(self):
+        return None
+
+    def set_device(self, *a, **k):
+        return None
+
+    def set_per_process_memory_fraction(self, *a, **k):
+        return None
+
+    def mem_get_info(self, *a, **k):
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return vm.available, vm.total
+
+    def memory_allocated(self, *a, **k):
+        return 0
+
+    memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
+
+    def reset_peak_memory_stats(self, *a, **k):
+        return None
+
+    def get_rng_state(self, *a, **k):
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state, *a, **k):
+        torch.set_rng_state(state)
+
+    def manual_seed(self, seed):
+        torch.manual_seed(seed)
+
+    manual_seed_all = manual_seed
+
+    def get_device_name(self, *a, **k):
+        return "cpu"
+
+    class Event:
+        def __init__(self, *a, **k):
+            pass
+
+        def record(self, *a, **k):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def wait(self, *a, **k):
+            pass
+
+
+_CPU_DEVICE_MODULE = _CPUDeviceModule()
+
+
+@PlatformRegistry.register(platform="cpu")
+class PlatformCPU(PlatformBase):
+    @property
+    def device_name(self) -> str:
+        return "cpu"
+
+    @property
+    def vendor_name(self) -> str:
+        return "cpu"
+
+    @property
+    def device_module(self) -> ModuleType:
+        return _CPU_DEVICE_MODULE
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_platform_available(self, use_smi_check=False) -> bool:
+        return True
+
+    def current_device(self):
+        # verl passes get_device_id() straight to .to()/device= (e.g. utils/fsdp_utils.py:507); an int 0 means
+        # "accelerator 0" to torch, which fails on a CPU-only build. A torch.device("cpu") works there.
+        return torch.device("cpu")
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, device_index: int) -> None:
+        return None
+
+    def synchronize(self, device_index: int | None = None) -> None:
+        return None
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def set_allocator_settings(self, settings: str) -> None:
+        return None
+
+    def empty_cache(self) -> None:
+        return None
+
+    def get_device_capability(self, device_index: int = 0):
+        return None, None
+
+    def communication_backend_name(self) -> str:
+        return "gloo"
+
+    def visible_devices_envvar(self) -> str:
+        return "CUDA_VISIBLE_DEVICES"
+
+    @contextmanager
+    def nvtx_range(self, msg: str):
+        yield
+
+    def profiler_start(self) -> None:
+        return None
+
+    def profiler_stop(self) -> None:
+        return None
+
+    def ray_resource_name(self) -> str:
+        return "GPU"  # declared, fake GPUs via ray.init(num_gpus=N)
+
+    def ray_noset_envvars(self) -> list[str]:
+        return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
+
+    def is_ipc_supported(self) -> bool:
+        return False
+
+    def cudart(self) -> Any:
+        return None
+
+
+# --- workaround 1: verl/utils/distributed.py:89 builds f"cpu:gloo,{device}:{backend}", which on device "cpu"
+# is "cpu:gloo,cpu:gloo" and torch rejects a duplicate device type. Dedupe it in torch (verl untouched).
+_orig_init_pg = torch.distributed.init_process_group
+
+
+def _init_process_group(*args, **kwargs):
+    backend = kwargs.get("backend")
+    if isinstance(backend, str) and "," in backend:
+        parts = list(dict.fromkeys(p.strip() for p in backend.split(",")))
+        kwargs["backend"] = ",".join(parts)
+    return _orig_init_pg(*args, **kwargs)
+
+
+torch.distributed.init_process_group = _init_process_group
