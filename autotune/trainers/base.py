@@ -1,11 +1,11 @@
 """What autotune asks of a trainer it tunes jobs for, and of an engine that runs its probes.
 
-    trainer = trainer_named("trl")            # autotune.trainers: the registry
+    trainer = trainer_named("trl")            # autotune.trainers.registry
     trainer.passes                            # Passes.TRL: the built-in probe runs TRL's way for its jobs
     trainer.mini_batch(target)                # samples per optimizer step, as its file counts them
 
 A `Trainer` is a training framework autotune exports for (`--target`): its files, its defaults, the knobs it
-has no key for, its export and the checks of a tuned copy. A `ProbeEngine` is what runs one probe
+has no key for, its launch line and the checks of a tuned copy. A `ProbeEngine` is what runs one probe
 (`--engine`): the built-in PPO iteration, or a trainer itself. Layers above ask these objects; none compares
 trainer names. A third trainer is a package implementing both plus a line in the registry.
 """

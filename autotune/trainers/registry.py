@@ -1,7 +1,7 @@
 """The trainer registry: every trainer autotune exports for, and every engine that runs a probe, by name.
 
     trainer_named("verl").export_file           # "verl_overrides.txt"
-    engine_named(settings.engine).run(config, settings, None, None)
+    engine_named(settings.engine).run(config, settings, cancel=None)
     trainer_of_file(target)                     # the trainer whose file `target` was read from, or None
 
 The names are what flags take and studies store. Nothing outside this registry compares them: layers ask the
