@@ -103,7 +103,6 @@ class ProbeEngine(ABC):
     name: ClassVar[str]  # --engine's value, and what a study's probe settings store
     on_ray: ClassVar[bool] = True  # its probes can run on a Ray cluster
     runs_rollout: ClassVar[bool] = False  # the probe runs the trainer's rollout engine: its pool is measured
-    label: ClassVar[str] = ""  # "verl itself": how lines name a trainer that measured its own job
 
     trainer: ClassVar[Trainer | None] = None  # the trainer its probes run (None: autotune's own iteration)
 

@@ -22,7 +22,6 @@ __all__ = ["VERL_ENGINE", "VerlEngine"]
 class VerlEngine(ProbeEngine):
     name = "verl"
     runs_rollout = True
-    label = "verl itself"
 
     trainer = VERL
 
