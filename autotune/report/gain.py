@@ -27,9 +27,8 @@ from autotune.probe.conditions import worst_disturbance
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.report import pick
 from autotune.status import Attr, StudyAttr
-from autotune.study.plan import StudyPlan
+from autotune.study.plan import study_trainer
 from autotune.study.trials import config_key, measured_ok, trial_config, trial_config_of
-from autotune.trainers.registry import trainer_named
 
 __all__ = [
     "ROUNDS",
@@ -210,8 +209,7 @@ def compare(
 ) -> Comparison | None:
     """Probe each side (`sides`) in turn, `rounds` times; store and return the comparison, or None when it
     was stopped before each side had one measurement (nothing half-made is kept)."""
-    plan = StudyPlan.load(study)
-    order = sides(winner, rivals, trainer_named(plan.target if plan else None).unread_knobs())
+    order = sides(winner, rivals, study_trainer(study).unread_knobs())
     taken: dict[str, list[dict[str, Any]]] = {side.key: [] for side in order}
     for _ in range(rounds):
         for side in order:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Set
 from dataclasses import dataclass, field
-from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -18,9 +17,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.memory.budget import Budget
 from autotune.report import pick
 from autotune.status import Attr, Status
-from autotune.study.plan import StudyPlan
+from autotune.study.plan import study_trainer
 from autotune.study.trials import trial_status
-from autotune.trainers.registry import trainer_named
 
 __all__ = ["Selection", "best_feasible", "closest_trials", "ok_front", "pareto_best", "recommended", "select"]
 
@@ -67,16 +65,10 @@ def recommended(
 ) -> FrozenTrial | None:
     """The re-measured contender with the best mean, unless a confirmation rejected it; else the fastest
     feasible trial on the front (`pareto_best`)."""
-    settled = pick.choose(study, budget, _trainer_defaults(study))
+    settled = pick.choose(study, budget, study_trainer(study).defaults())
     if settled is not None and settled.number not in exclude:
         return settled
     return pareto_best(front, budget, exclude)
-
-
-def _trainer_defaults(study: optuna.Study) -> dict[str, Any]:
-    """The defaults of the trainer the study exports for (verl for a study `run` did not start)."""
-    plan = StudyPlan.load(study)
-    return trainer_named(plan.target if plan else None).defaults()
 
 
 def select(study: optuna.Study, budget: Budget, exclude: Iterable[int] = ()) -> Selection:

@@ -198,7 +198,8 @@ def prepare(options: RunOptions, console: Console, cluster: Any = None, job: Any
     space = hold_unexported(space, options.search_unexported, console, trainer)
     device, card = run_device(options, space, cluster)
     engine.check_space_knobs(space, device)
-    engine.announce(probe_settings(space, options, device, cluster), console)
+    probed_as = probe_settings(space, options, device, cluster)  # the knobs' changes below leave it as is
+    engine.announce(probed_as, console)
     space = without_unmeasurable_offload(space, device, console)
     check_offload(space, device)
     actor = resolve_model(space.model, options.weights, options.trust_remote_code)
@@ -232,7 +233,7 @@ def prepare(options: RunOptions, console: Console, cluster: Any = None, job: Any
     no_gpu = options.device == "auto" and device == "cpu" and cluster is None
     check_floor(space, model, budget, budget_gib, no_gpu and not options.memory_budget_gib)
     settings = dataclasses.replace(
-        probe_settings(space, options, device, cluster),
+        probed_as,
         memory_budget_gib=budget_gib,
         passes=passes,
         lengths=token_lengths.to_dict() if token_lengths.on_data else None,

@@ -27,7 +27,7 @@ from autotune.probe.contract import ProbeSettings
 from autotune.status import StudyAttr
 from autotune.trainers.registry import ProbeEngine, Trainer, engine_named, trainer_named
 
-__all__ = ["LOCAL_SETTINGS", "StudyPlan", "check_same_job"]
+__all__ = ["LOCAL_SETTINGS", "StudyPlan", "check_same_job", "study_trainer"]
 
 LOCAL_SETTINGS = (
     "device",
@@ -141,6 +141,12 @@ class StudyPlan:
         if StudyAttr.PLAN in attrs:
             return cls(**attrs[StudyAttr.PLAN])
         return None
+
+
+def study_trainer(study: optuna.Study) -> Trainer:
+    """The trainer a study exports for (the default trainer for a study `run` did not start)."""
+    plan = StudyPlan.load(study)
+    return trainer_named(plan.target if plan else None)
 
 
 def check_same_job(

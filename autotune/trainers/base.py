@@ -55,9 +55,11 @@ class Trainer(ABC):
     def unread_knobs(self) -> tuple[str, ...]:
         """autotune's knobs it has no key for: searching them changes nothing in the job handed over."""
 
-    @abstractmethod
     def mini_batch(self, target: Target) -> int:
-        """Samples per optimizer step, as its file says it."""
+        """Samples per optimizer step, as its file says it: micro batch × accumulation steps × processes."""
+        assert target.config is not None
+        c = target.config
+        return c.micro_batch_size * c.gradient_accumulation_steps * (target.gpus or 1)
 
     def nodes(self, target: Target) -> Any:
         """The machines its file's job spans (what the file says, unchecked)."""

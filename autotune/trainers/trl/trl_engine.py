@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from autotune.config.passes import Passes
 from autotune.errors import UserError
 from autotune.trainers.base import ProbeEngine, Trainer
-from autotune.trainers.trl.trl_trainer import TRL, TrlTrainer
+from autotune.trainers.trl.trl_trainer import TRL
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -77,7 +77,7 @@ class TrlEngine(ProbeEngine):
         return Passes.TRL_FUSED  # TRL 1.16's own passes: its LM head fused with the loss
 
     def pools_rollout(self, trainer: Trainer) -> bool:
-        return isinstance(trainer, TrlTrainer)  # vLLM colocated, for a TRL job only
+        return trainer is self.trainer  # vLLM colocated, for a TRL job only
 
     def untimed_rounds(self, settings: ProbeSettings) -> int:
         from autotune.probe.trl_backend import Rounds

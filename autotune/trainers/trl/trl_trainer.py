@@ -58,12 +58,6 @@ class TrlTrainer(Trainer):
 
         return launch_line(path, gpus)
 
-    def mini_batch(self, target: Target) -> int:
-        """TRL: micro batch × accumulation steps × processes."""
-        assert target.config is not None
-        c = target.config
-        return c.micro_batch_size * c.gradient_accumulation_steps * (target.gpus or 1)
-
     def config_findings(self, config: ProbeConfig, gpus: int) -> list[Finding]:
         from autotune.formats.trl import trl_findings
 

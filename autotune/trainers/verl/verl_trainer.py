@@ -53,14 +53,14 @@ class VerlTrainer(Trainer):
         return verl_launch_line(path, values, reward_model)
 
     def mini_batch(self, target: Target) -> int:
-        """verl counts the mini batch in prompts: × rollout.n samples."""
+        """verl counts the mini batch in prompts, × rollout.n samples; without one, the micro batches."""
         from autotune.formats.verl_schema import effective
 
         assert target.config is not None
         prompts = effective(MINI_KEY, target.overrides or {})
         if isinstance(prompts, int) and not isinstance(prompts, bool) and prompts > 0:
             return prompts * target.config.rollout_n
-        return target.config.micro_batch_size * target.config.gradient_accumulation_steps * (target.gpus or 1)
+        return super().mini_batch(target)
 
     def nodes(self, target: Target) -> Any:
         from autotune.formats.verl_schema import effective
