@@ -18,6 +18,7 @@ __all__ = [
     "space",
     "status",
     "study",
+    "swap",
     "trainers",
     "units",
 ]

@@ -111,7 +111,7 @@ def measure(job: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
         world_size=world_size,
         pad_token_id=tokenizer.pad_token_id,
         compute_dtype=torch.bfloat16 if device.type == "cuda" else None,
-        passes=Passes(settings.get("passes", Passes.VERL)),
+        passes=settings.get("passes", Passes.VERL),  # StepContext makes it a Passes
         lengths=JobLengths.from_dict(settings.get("lengths")),
         vocab=actor_spec.config.vocab_size,
         generator=torch.Generator().manual_seed(settings["seed"] * 7919 + rank),

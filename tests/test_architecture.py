@@ -65,7 +65,7 @@ def test_no_import_cycles():
 # never a sibling in its own layer nor a layer above.
 LAYERS = (
     ("errors",),  # one error base, with the exit codes
-    ("units", "status", "files"),  # the vocabulary every stage shares
+    ("units", "status", "files", "swap"),  # the vocabulary every stage shares
     ("config",),  # knobs and their rules
     ("models",),  # the registry of architectures
     ("data", "formats"),  # datasets' lengths; the file formats a config is read from and written to

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UserError
+from autotune.swap import swapped
 
 __all__ = ["SCHEMA_FILE", "fields", "launch_options", "parse_trl", "trl_importable"]
 
@@ -161,13 +162,8 @@ def _as_on_a_gpu() -> Iterator[None]:
     # bf16 (transformers/training_args.py: `if not self.use_cpu and not is_torch_bf16_gpu_available() and
     # not is_torch_xla_available()`), and no field of the file can answer for the machine it is for: the
     # module's name answers yes while TRL's parser runs, then is what it was.
-    name = "is_torch_bf16_gpu_available"
-    original = getattr(training_args, name)
-    setattr(training_args, name, lambda *_, **__: True)
-    try:
+    with swapped(training_args, "is_torch_bf16_gpu_available", lambda *_, **__: True):
         yield
-    finally:
-        setattr(training_args, name, original)
 
 
 def _by_trl(data: dict[str, Any]) -> dict[str, Any]:

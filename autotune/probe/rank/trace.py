@@ -49,6 +49,7 @@ from autotune.probe.rank.trace_resident import (
     trained_states,
 )
 from autotune.probe.traced import BUILT, PROGRESS_KEY, MathSource, MemoryTrace, PhasePeak, TraceUnavailable
+from autotune.swap import swapped
 
 __all__ = ["LAYOUTS", "main", "trace_memory"]
 
@@ -103,19 +104,6 @@ def _refuse(config: ProbeConfig, layout: str) -> None:
 
 
 @contextlib.contextmanager
-def _swapped(owner: Any, name: str, value: Any) -> Iterator[None]:
-    """`owner.name` (a module's function, a class's method: its own attribute, not an inherited one) is
-    `value` for the block, then what it was. Only for a library the trace runs that calls a function by its
-    module's or class's name and takes no argument to call another: each use says which line needs it."""
-    original = vars(owner)[name]
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
-
-
-@contextlib.contextmanager
 def _attention_without_packing_masks() -> Iterator[None]:
     """Hugging Face finds packed sequences by reading the position ids' values (a fake tensor has none) and
     then builds a block-diagonal mask of tokens² bytes; a GPU run of verl attends within each sequence with
@@ -126,7 +114,7 @@ def _attention_without_packing_masks() -> Iterator[None]:
     # transformers' masking_utils._preprocess_mask_arguments calls the module's
     # `find_packed_sequence_indices(position_ids)` whenever a forward has position ids and no attention mask
     # (verl's packed forward, and the probe's: ppo.PackedLayout); no argument of the model turns that off.
-    with _swapped(masking, "find_packed_sequence_indices", lambda *_, **__: None):
+    with swapped(masking, "find_packed_sequence_indices", lambda *_, **__: None):
         yield
 
 
@@ -156,7 +144,7 @@ def _conversions_that_rebind() -> Iterator[None]:
     # torch.nn.Module._apply swaps every FakeTensor parameter by torch.utils.swap_tensors whatever
     # torch.__future__'s flags say (`or isinstance(param, FakeTensor)` in its p_should_use_swap_tensors,
     # torch 2.13), and peft calls `.to` itself on each adapter it builds: no argument reaches those calls.
-    with _swapped(torch.nn.Module, "to", to):
+    with swapped(torch.nn.Module, "to", to):
         yield
 
 
