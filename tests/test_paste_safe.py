@@ -19,10 +19,11 @@ import pytest
 
 from autotune.check import CheckResult, print_result
 from autotune.formats.trl import launch_line as trl_launch_line
-from autotune.formats.verl import VerlOverrides, format_overrides, format_value, parse_overrides
+from autotune.formats.verl import format_overrides, format_value, parse_overrides
 from autotune.report.tables import launch_line
 from autotune.report.write import write_report
 from autotune.study.plan import StudyPlan
+from autotune.trainers.export import Export
 from tests.report_studies import BASE, BUDGET, new_study, record, standard_study
 
 AWKWARD = ["my out", "cost$HOME", "it's", "a $(b) `c` * [d]"]  # a space, a `$`, a `'`, and worse
@@ -59,6 +60,11 @@ def run_pasted(line: str, tmp_path: Path, programs: tuple[str, ...], cwd: Path |
     return json.loads(argv_file.read_text())
 
 
+def exported(values: dict, plan: StudyPlan) -> SimpleNamespace:
+    """A report as the launch line reads it: the plan and verl's export of `values`."""
+    return SimpleNamespace(export=Export({}, format_overrides(values), launch_values=values), plan=plan)
+
+
 def folder(tmp_path: Path, name: str) -> Path:
     path = tmp_path / name / "study"
     path.mkdir(parents=True)
@@ -70,7 +76,7 @@ def folder(tmp_path: Path, name: str) -> Path:
 def test_the_verl_launch_line_hands_verl_each_line_of_the_file(tmp_path, name):
     overrides = folder(tmp_path, name) / "verl_overrides.txt"
     overrides.write_text(format_overrides(VALUES))
-    report = SimpleNamespace(verl=VerlOverrides(dict(VALUES)), plan=StudyPlan())
+    report = exported(dict(VALUES), StudyPlan())
     line = launch_line(report, str(overrides))
     argv = run_pasted(line, tmp_path, ("python",))
     assert argv == ["-m", "verl.trainer.main_ppo", *overrides.read_text().splitlines(), *DATA]
@@ -82,7 +88,7 @@ def test_the_verl_launch_line_of_the_reports_runs_beside_the_file(tmp_path):
     """report.md and report.html name the file relative to their folder: run there, it reads it."""
     out = folder(tmp_path, "my out")
     (out / "verl_overrides.txt").write_text(format_overrides(VALUES))
-    report = SimpleNamespace(verl=VerlOverrides(dict(VALUES)), plan=StudyPlan())
+    report = exported(dict(VALUES), StudyPlan())
     argv = run_pasted(launch_line(report), tmp_path, ("python",), cwd=out)
     assert argv[2:] == [*format_overrides(VALUES).splitlines(), *DATA]
 
@@ -93,7 +99,7 @@ def test_a_reward_model_directory_is_one_argument(tmp_path):
     overrides = reward / "verl_overrides.txt"
     values = {"data.train_batch_size": 16}
     overrides.write_text(format_overrides(values))
-    report = SimpleNamespace(verl=VerlOverrides(values), plan=StudyPlan(reward_model=str(reward)))
+    report = exported(values, StudyPlan(reward_model=str(reward)))
     argv = run_pasted(launch_line(report, str(overrides)), tmp_path, ("python",))
     assert argv[-2:] == ["reward_model.enable=true", f"reward_model.model.path={format_value(str(reward))}"]
     assert parse_overrides(argv[-1]) == {"reward_model.model.path": str(reward)}  # as Hydra reads it
@@ -101,7 +107,7 @@ def test_a_reward_model_directory_is_one_argument(tmp_path):
 
 @pytest.mark.e2e
 def test_a_failed_read_does_not_start_verl_on_its_defaults(tmp_path):
-    report = SimpleNamespace(verl=VerlOverrides(dict(VALUES)), plan=StudyPlan())
+    report = exported(dict(VALUES), StudyPlan())
     line = launch_line(report, str(tmp_path / "missing dir" / "verl_overrides.txt"))
     with pytest.raises(AssertionError):
         run_pasted(line, tmp_path, ("python",))
@@ -171,7 +177,7 @@ def test_the_check_heading_names_the_file_as_bash_reads_it(tmp_path, name, capsy
 @pytest.mark.parametrize("name", AWKWARD)
 def test_the_verl_line_names_the_file_as_one_word(name):
     path = f"/tmp/{name}/verl_overrides.txt"
-    report = SimpleNamespace(verl=VerlOverrides(dict(VALUES)), plan=StudyPlan())
+    report = exported(dict(VALUES), StudyPlan())
     words = shlex.split(launch_line(report, path))
     assert words[:6] == ["mapfile", "-t", "overrides", "<", path, "&&"]
     assert words[6:] == ["python", "-m", "verl.trainer.main_ppo", "${overrides[@]}", *DATA]
@@ -189,7 +195,7 @@ def test_the_trl_line_names_the_config_as_one_word(name, gpus):
 
 def test_plain_paths_stay_unquoted_in_the_reports():
     """report.md's lines name the file beside them: nothing to quote, nothing quoted."""
-    report = SimpleNamespace(verl=VerlOverrides(dict(VALUES)), plan=StudyPlan())
+    report = exported(dict(VALUES), StudyPlan())
     assert launch_line(report).startswith("mapfile -t overrides < verl_overrides.txt && python -m ")
     assert trl_launch_line("trl_config.yaml", 1).startswith(
         "trl grpo --config trl_config.yaml --dataset_name"

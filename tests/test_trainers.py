@@ -61,3 +61,29 @@ def test_the_command_line_offers_what_the_registry_holds():
     run = _commands()["run"]
     choices = {action.dest: action.choices for action in run._actions if action.choices}
     assert set(choices["target"]) == set(TRAINERS) and set(choices["engine"]) == set(ENGINES)
+
+
+@pytest.mark.parametrize("name", sorted(TRAINERS))
+def test_each_trainers_export_reads_back_as_its_own_file_with_the_pick(name, tmp_path):
+    """`Trainer.export`: its file, read back, is the trainer's kind with the pick's sizes; best_config.yaml
+    keeps the figures last and says the same sizes."""
+    from autotune.config.knobs import ProbeConfig
+    from autotune.formats.read import read_target
+    from autotune.trainers.export import ExportJob
+
+    trainer = trainer_named(name)
+    config = ProbeConfig(
+        train_batch_size=16, rollout_batch_size=16, micro_batch_size=2, algorithm="grpo", rollout_n=4
+    )
+    measured = {"samples_per_sec": 1.5, "peak_memory_bytes": 2**30, "device": "cuda", "gpus": 2}
+    job = ExportJob(config, "llama-2-7b", "function", gpus=2, measured=measured, device="cuda")
+    export = trainer.export(job)
+    assert list(export.document)[-1] == "measured" and export.document["measured"] == measured
+    assert export.document["micro_batch_size"] == 2
+    path = tmp_path / trainer.export_file
+    path.write_text(export.text)
+    target = read_target(path, gpus=2)
+    assert target.kind == trainer.file_kind and target.config is not None
+    assert target.config.micro_batch_size == 2
+    assert trainer.mini_batch(target) == export.document["mini_batch_size"]
+    assert all(knob.key in export.text for knob in export.knobs)

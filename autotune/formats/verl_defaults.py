@@ -49,6 +49,11 @@ class ExportedKnob:
     def differs(self) -> bool:
         return self.value != self.default
 
+    @property
+    def set_by_rule(self) -> bool:
+        """Set away from verl's default by a rule or the memory, not measured nor the job's own."""
+        return self.differs and self.why.startswith(("rule", "memory"))
+
     def to_dict(self) -> dict[str, Any]:
         return {"value": self.value, "verl_default": self.default, "why": self.why}
 

@@ -1,8 +1,8 @@
 """Everything the report's renderers need, computed once from a study: `build_report`.
 
-The recommendation is written in the seed's schema (`autotune.formats.seed_yaml`) with a `measured:` block
-holding the chosen trial's figures exactly as the study recorded them, and as verl overrides
-(`autotune.formats.verl`).
+The recommendation is the study's trainer's export (`Trainer.export`): best_config.yaml in the seed's schema
+with a `measured:` block holding the chosen trial's figures exactly as the study recorded them, and the
+trainer's own file (verl_overrides.txt, trl_config.yaml).
 """
 
 from __future__ import annotations
@@ -11,30 +11,17 @@ import dataclasses
 import datetime as dt
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.errors import UserError
-from autotune.formats.rollout import (
-    VERL_DEFAULT_WORKERS,
-    RolloutEngine,
-    recorded_resident_bytes,
-    rollout_engine,
-)
-from autotune.formats.seed_yaml import VERL_EXPORT, seed_document, seed_yaml
-from autotune.formats.trl import trl_config_text
-from autotune.formats.verl import VerlOverrides, verl_overrides
-from autotune.formats.verl_defaults import ExportedKnob, exported_knobs
+from autotune.formats.rollout import recorded_resident_bytes
+from autotune.formats.seed_yaml import seed_yaml
 from autotune.memory.advice import remedies
-from autotune.memory.architecture import DEVICES, Architecture
-from autotune.memory.breakdown import predict_components
 from autotune.memory.budget import Budget
-from autotune.memory.calibration import PRIORS
-from autotune.models.names import verl_model_path
 from autotune.probe.conditions import disturbance, worst_disturbance
 from autotune.report import gain, pick
 from autotune.report.selection import Selection, select
@@ -47,6 +34,7 @@ from autotune.study.trials import (
     trial_environment,
     trial_status,
 )
+from autotune.trainers.export import Export, ExportJob
 from autotune.units import GIB, gib
 
 __all__ = [
@@ -57,14 +45,10 @@ __all__ = [
     "best_config_yaml",
     "build_report",
     "config_yaml",
-    "engine_for",
+    "export_job",
     "measured_block",
 ]
 
-PROBED_BY_VERL = (
-    "the rollout engine's settings are those verl ran with in the probe (--engine verl; verl's defaults "
-    "where the configuration sets none): its pool and speed are in the measured figures"
-)
 INT_COLUMNS = ("calibration_points", "duplicate_of", "dominates_oom_trial", "log_prob_micro_batch_size")
 
 
@@ -106,17 +90,18 @@ class ReportData:
     gains: list[Gain]
     cost: dict[str, Any]
     model_error: tuple[float | None, int]
-    best_config: dict[str, Any] | None
-    verl: VerlOverrides | None
-    engine: RolloutEngine | None  # verl's rollout settings for the chosen config (by rules, not measured)
+    export: Export | None  # the study's trainer's files for the chosen config (None: nothing chosen)
     created: str
     advice: dict[int, list[str]] = field(default_factory=dict)  # closest trial number -> what to change
     remeasured: list[tuple[FrozenTrial, pick.Figures]] = field(default_factory=list)  # before the pick
     headline: gain.Headline | None = None  # the recommended config's figures as every file states them
     near_misses: list[NearMiss] = field(default_factory=list)
     disturbed: list[tuple[FrozenTrial, str]] = field(default_factory=list)  # probes other work slowed
-    trl_config: str | None = None  # trl_config.yaml, for a study whose target is TRL
-    verl_knobs: list[ExportedKnob] = field(default_factory=list)  # each exported key beside verl's default
+
+    @property
+    def best_config(self) -> dict[str, Any] | None:
+        """best_config.yaml's data: the seed's schema, the trainer's blocks, `measured:` last."""
+        return None if self.export is None else self.export.document
 
     @property
     def complete(self) -> list[FrozenTrial]:
@@ -138,19 +123,11 @@ def build_report(
         (chosen.user_attrs.get(Attr.RESULT) or {}).get("world_size") if chosen else None
     ) or plan.gpus
     plan = dataclasses.replace(plan, gpus=int(measured_gpus))  # the GPUs the winner was measured on
-    document = verl = engine = figures = trl_config = None
-    verl_knobs: list[ExportedKnob] = []
+    export = figures = None
     if chosen is not None:
-        config = trial_config_of(chosen)
         figures = gain.headline(study, chosen)
         measured = measured_block(chosen, study.study_name, plan.gpus, budget, created, figures, plan.nodes)
-        if not plan.trainer.sizes_rollout:  # TRL's file; best_config.yaml without verl's blocks
-            device = (chosen.user_attrs.get(Attr.RESULT) or {}).get("device", "cuda")
-            model = verl_model_path(plan.model)
-            trl_config = trl_config_text(config, plan.gpus, model, device, measured)
-            document = seed_document(config, plan.model, plan.reward_model, measured, gpus=plan.gpus)
-        else:
-            document, verl, engine, verl_knobs = _verl_export(chosen, config, plan, budget, figures, measured)
+        export = plan.trainer.export(export_job(chosen, plan, budget, measured))
     return ReportData(
         study_name=study.study_name,
         plan=plan,
@@ -161,11 +138,7 @@ def build_report(
         gains=seed_gains(study, trials, chosen, figures),
         cost=study_cost(trials),
         model_error=memory_model_error(study),
-        best_config=document,
-        verl=verl,
-        trl_config=trl_config,
-        engine=engine,
-        verl_knobs=verl_knobs,
+        export=export,
         created=created,
         advice={t.number: advice(t, budget) for t in selection.closest},
         remeasured=remeasured(study, trials),
@@ -175,32 +148,6 @@ def build_report(
     )
 
 
-def _verl_export(
-    chosen: FrozenTrial,
-    config: Any,
-    plan: StudyPlan,
-    budget: Budget,
-    figures: gain.Headline,
-    measured: dict[str, Any],
-) -> tuple[dict[str, Any], VerlOverrides, RolloutEngine, list[ExportedKnob]]:
-    """best_config.yaml with verl's blocks (the rollout engine, each exported key beside verl's default),
-    verl_overrides.txt's values, the rollout engine and the exported keys."""
-    engine = engine_for(chosen, config, plan, budget, figures.peak_bytes)
-    workers = exported_workers(plan)
-    # best_config.yaml says what verl_overrides.txt says: verl's worker count where the probe did not measure
-    # it (the probing machine's is never handed back)
-    written = config if workers is None else replace(config, num_rollout_workers=workers)
-    document = seed_document(written, plan.model, plan.reward_model, measured, engine, gpus=plan.gpus)
-    verl = verl_overrides(
-        config, plan.gpus, verl_model_path(plan.model), engine, workers=workers, nodes=plan.nodes
-    )
-    verl_knobs = exported_knobs(verl.values, engine, plan.engine.runs_rollout)
-    figures_block = document.pop("measured")  # kept last, after the verl keys
-    document[VERL_EXPORT] = {knob.key: knob.to_dict() for knob in verl_knobs}
-    document["measured"] = figures_block
-    return document, verl, engine, verl_knobs
-
-
 def remeasured(study: optuna.Study, trials: list[FrozenTrial]) -> list[tuple[FrozenTrial, pick.Figures]]:
     """The contenders measured again before the pick, with all their measurements, best mean first."""
     numbers = set(study.user_attrs.get(StudyAttr.REMEASURED, {}))
@@ -208,53 +155,25 @@ def remeasured(study: optuna.Study, trials: list[FrozenTrial]) -> list[tuple[Fro
     return sorted(found, key=lambda pair: -pair[1].mean)
 
 
-def engine_for(
-    trial: FrozenTrial, config: Any, plan: StudyPlan, budget: Budget, peak: float | None = None
-) -> RolloutEngine:
-    """The rollout engine beside the chosen config's training side: the card is the GPU the probe ran on
-    (its total memory), else the budget (an emulated card); the resident memory is the training states that
-    stay on the GPU while vLLM generates (formats/rollout.py), as the probe recorded them, else as the memory
-    model prices them, plus the runtime (the memory model's constant). `peak` is kept for callers; the whole
-    peak sizes nothing."""
-    if plan.engine.runs_rollout:  # exactly the engine the verl probe ran, sized by no rule
-        engine = rollout_engine(
-            config, plan.gpus, plan.rollout_engine, None, None, plan.model_parameters, plan.attention_heads
-        )
-        notes = tuple(note for note in engine.notes if "no card was known" not in note)
-        return dataclasses.replace(engine, notes=(*notes, PROBED_BY_VERL))
-    card = trial_environment(trial).get("gpu_memory_bytes") or budget.bytes
-    result = trial.user_attrs.get(Attr.RESULT) or {}
-    device = result.get("device") or plan.settings.get("device") or "cuda"
-    states = recorded_resident_bytes(result)
-    if states is None:
-        states = modelled_resident_bytes(plan, config, device)
-    resident = None if states is None else states + PRIORS.get(device, PRIORS["cuda"])[0]
-    return rollout_engine(
-        config, plan.gpus, plan.rollout_engine, card, resident, plan.model_parameters, plan.attention_heads
+def export_job(chosen: FrozenTrial, plan: StudyPlan, budget: Budget, measured: dict[str, Any]) -> ExportJob:
+    """What the chosen trial's probes recorded, for the trainer's export: the card is the GPU the probe ran
+    on (its total memory), else the budget (an emulated card)."""
+    result = chosen.user_attrs.get(Attr.RESULT) or {}
+    return ExportJob(
+        config=trial_config_of(chosen),
+        model=plan.model,
+        reward_model=plan.reward_model,
+        gpus=plan.gpus,
+        measured=measured,
+        device=result.get("device") or plan.settings.get("device") or "cuda",
+        nodes=plan.nodes,
+        card_bytes=trial_environment(chosen).get("gpu_memory_bytes") or budget.bytes,
+        resident_bytes=recorded_resident_bytes(result),
+        rollout_name=plan.rollout_engine,
+        rollout_measured=plan.engine.runs_rollout,
+        model_parameters=plan.model_parameters,
+        attention_heads=plan.attention_heads,
     )
-
-
-def exported_workers(plan: StudyPlan) -> int | None:
-    """The worker count the export writes: None (the configuration's own) where verl measured it (--engine
-    verl), else verl's default. The built-in probe's workers fit the probing machine's cores, not the
-    training node's, and verl's V1 spreads a step's prompts over its agent-loop workers."""
-    return None if plan.engine.runs_rollout else VERL_DEFAULT_WORKERS
-
-
-def modelled_resident_bytes(plan: StudyPlan, config: Any, device: str) -> int | None:
-    """The weights and optimizer states per GPU as the memory model prices them, for a probe that did not
-    record them; None for a model autotune cannot build."""
-    from autotune.models.catalog import resolve_model  # torch and transformers: only when needed
-
-    try:
-        actor = resolve_model(plan.model)
-        reward = resolve_model(plan.reward_model) if plan.reward_model not in (None, "function") else None
-        found = predict_components(
-            Architecture.from_specs(actor, reward), config, plan.gpus, device if device in DEVICES else "cuda"
-        )
-    except (UserError, OSError, ValueError, KeyError):
-        return None
-    return found.weights + found.optimizer
 
 
 def measured_block(
@@ -326,7 +245,9 @@ def _workers_note(report: ReportData) -> str:
 def config_yaml(report: ReportData) -> str:
     """The recommended configuration alone, as YAML in the seed's schema: what a user copies."""
     assert report.best_config is not None, "no recommendation to write"
-    shown = {key: value for key, value in report.best_config.items() if key not in ("measured", VERL_EXPORT)}
+    assert report.export is not None
+    hidden = ("measured", *report.export.blocks)
+    shown = {key: value for key, value in report.best_config.items() if key not in hidden}
     return seed_yaml(shown, "")
 
 

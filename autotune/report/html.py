@@ -18,15 +18,16 @@ from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global fig
 
 from autotune.report.data import config_yaml
 from autotune.report.tables import (
-    VERL_DEFAULTS_LEAD,
     Table,
     closest_table,
     conditions_lines,
     cost_table,
+    defaults_table,
     front_table,
     gain_lines,
     gains_table,
     gib,
+    knobs_title,
     launch_line,
     legend_line,
     memory_model_table,
@@ -38,8 +39,6 @@ from autotune.report.tables import (
     study_lines,
     trials_table,
     verdict_line,
-    verl_defaults_table,
-    verl_lines,
 )
 from autotune.status import Attr, Status
 from autotune.study.trials import trial_config, trial_status
@@ -383,25 +382,18 @@ def _copy(report: ReportData) -> str:
             for n, tips in report.advice.items()
         )
         return f"<p>The closest trials, and what to change:</p>{html_table(closest_table(report))}{tips}"
-    if report.trl_config is not None:
-        launch = launch_line(report)
-        return (
-            '<div class="copy"><div><h3>The configuration (best_config.yaml)</h3>'
-            f"<pre>{html.escape(config_yaml(report))}</pre></div>"
-            "<div><h3>Start TRL on it</h3><p>Replace the <code>/path/to/</code> parts and the reward:</p>"
-            f'<pre class="launch">{html.escape(launch)}</pre>'
-            f"<details><summary>trl_config.yaml</summary><pre>{html.escape(report.trl_config)}</pre>"
-            "</details></div></div>"
-        )
-    overrides = html.escape("\n".join(report.verl.lines())) if report.verl else ""
-    notes = "".join(f"<li>{html.escape(line)}</li>" for line in verl_lines(report))
+    assert report.export is not None  # report.data exports whenever it has a chosen trial
+    trainer, export = report.plan.trainer, report.export
+    summary = trainer.export_file + (f" and how sizes map to {trainer.label}" if export.notes else "")
+    notes = "".join(f"<li>{html.escape(line)}</li>" for line in export.notes)
     return (
         '<div class="copy"><div><h3>The configuration (best_config.yaml)</h3>'
         f"<pre>{html.escape(config_yaml(report))}</pre></div>"
-        "<div><h3>Start verl on it</h3><p>Replace the <code>/path/to/</code> parts:</p>"
+        f"<div><h3>Start {html.escape(trainer.label)} on it</h3>"
+        f"<p>Replace {html.escape(trainer.launch_edits)}:</p>"
         f'<pre class="launch">{html.escape(launch_line(report))}</pre>'
-        f"<details><summary>verl_overrides.txt and how sizes map to verl</summary><pre>{overrides}</pre>"
-        f"<ul>{notes}</ul></details></div></div>"
+        f"<details><summary>{html.escape(summary)}</summary><pre>{html.escape(export.text)}</pre>"
+        f"{f'<ul>{notes}</ul>' if notes else ''}</details></div></div>"
     )
 
 
@@ -437,10 +429,10 @@ def _decision_sections(report: ReportData, chosen_row: str | None) -> list[str]:
     """What the study decided, before any plot: what to copy, verl's keys, the gain, the near misses, the
     study and its re-measures. A section with nothing to say is left out, not shown empty."""
     sections = [_section("copy", "What to copy" if chosen_row else "What to change", _copy(report))]
-    if report.verl_knobs:
-        lead = f"<p>{html.escape(VERL_DEFAULTS_LEAD)}</p>"
-        table = html_table(verl_defaults_table(report))
-        sections.append(_section("verl-defaults", "verl's keys beside verl's defaults", lead + table))
+    if report.export is not None and report.export.knobs:
+        lead = f"<p>{html.escape(report.export.knobs_lead)}</p>"
+        table = html_table(defaults_table(report))
+        sections.append(_section("trainer-defaults", knobs_title(report), lead + table))
     sections.append(_section("gains", "Gain over the hand-made configs", html_table(gains_table(report))))
     if report.near_misses:
         table = html_table(near_miss_table(report))

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.report.data import config_yaml
 from autotune.report.tables import (
-    VERL_DEFAULTS_LEAD,
     Table,
     closest_table,
     conditions_lines,
     cost_table,
+    defaults_table,
     front_table,
     gain_lines,
     gains_table,
     gib,
+    knobs_title,
     launch_line,
     legend_line,
     memory_model_table,
@@ -25,8 +27,6 @@ from autotune.report.tables import (
     study_lines,
     trials_table,
     verdict_line,
-    verl_defaults_table,
-    verl_lines,
 )
 
 if TYPE_CHECKING:
@@ -52,9 +52,9 @@ def render_markdown(report: ReportData) -> str:
     parts += [f"\n> {line}\n" for line in conditions_lines(report)]
     parts += ["\n## What to copy\n\n" if report.selection.chosen else "\n## What to change\n\n"]
     parts += _recommendation_md(report)
-    if report.verl_knobs:
-        parts += ["\n## verl's keys beside verl's defaults\n\n", f"{VERL_DEFAULTS_LEAD}\n\n"]
-        parts += [md_table(verl_defaults_table(report))]
+    if report.export is not None and report.export.knobs:
+        parts += [f"\n## {knobs_title(report)}\n\n", f"{report.export.knobs_lead}\n\n"]
+        parts += [md_table(defaults_table(report))]
     parts += ["\n## Gain over the hand-made configs\n\n", md_table(gains_table(report))]
     if report.near_misses:
         parts += ["\n## Near misses: faster, but not picked\n\n", md_table(near_miss_table(report))]
@@ -82,13 +82,11 @@ def render_markdown(report: ReportData) -> str:
     ]
     parts += ["- `run.log`: the run's lines with time stamps (written by `autotune run`)\n"]
     if report.best_config is not None:
+        trainer = report.plan.trainer
         parts += [
             "- `best_config.yaml`: the recommendation in the seed article's config schema, with its "
             "`measured:` figures\n",
-            "- `trl_config.yaml`: the same job as TRL 1.16's GRPOConfig fields (launched as above)\n"
-            if report.trl_config is not None
-            else "- `verl_overrides.txt`: the same job as Hydra overrides for verl 0.9.1 (launched as "
-            "above)\n",
+            f"- `{trainer.export_file}`: the same job as {trainer.file_description} (launched as above)\n",
         ]
     return "".join(parts)
 
@@ -104,25 +102,18 @@ def _recommendation_md(report: ReportData) -> list[str]:
         for number, tips in report.advice.items():
             parts += [f"\nTrial #{number}:\n\n", *(f"- {tip}\n" for tip in tips)]
         return parts
-    if report.trl_config is not None:
-        return [
-            "The configuration (best_config.yaml without its `measured:` block):\n\n```yaml\n",
-            config_yaml(report),
-            "```\n\n**Start TRL on it** (replace the `/path/to/` parts and the reward):\n\n```bash\n",
-            launch_line(report) + "\n",
-            "```\n\n**trl_config.yaml:**\n\n```yaml\n",
-            report.trl_config,
-            "```\n",
-        ]
-    assert report.verl is not None  # report.data makes the overrides whenever it has a chosen trial
+    assert report.export is not None  # report.data exports whenever it has a chosen trial
+    trainer = report.plan.trainer
+    fence = Path(trainer.export_file).suffix.lstrip(".")  # yaml, txt
     parts = [
         "The configuration (best_config.yaml without its `measured:` block):\n\n```yaml\n",
         config_yaml(report),
-        "```\n\n**Start verl on it** (replace the `/path/to/` parts):\n\n```bash\n",
+        f"```\n\n**Start {trainer.label} on it** (replace {trainer.launch_edits}):\n\n```bash\n",
         launch_line(report) + "\n",
-        "```\n\n**verl_overrides.txt:**\n\n```\n",
-        *(f"{line}\n" for line in report.verl.lines()),
-        "```\n\n",
+        f"```\n\n**{trainer.export_file}:**\n\n```{fence}\n",
+        report.export.text,
+        "```\n",
     ]
-    parts += [f"- {line}\n" for line in verl_lines(report)]
+    if report.export.notes:
+        parts += ["\n", *(f"- {line}\n" for line in report.export.notes)]
     return parts

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 from optuna.trial import FrozenTrial
 
 from autotune.config.knobs import ProbeConfig
-from autotune.formats.rollout import RULES
 from autotune.formats.verl import format_value
 from autotune.probe.conditions import worst_disturbance
 from autotune.report import pick
@@ -30,10 +29,13 @@ __all__ = [
     "closest_table",
     "conditions_lines",
     "cost_table",
+    "default_lines",
+    "defaults_table",
     "front_table",
     "gain_lines",
     "gains_table",
     "knob_cells",
+    "knobs_title",
     "legend_line",
     "memory_model_table",
     "model_error_line",
@@ -48,9 +50,6 @@ __all__ = [
     "transfer_line",
     "trials_table",
     "verdict_line",
-    "verl_default_lines",
-    "verl_defaults_table",
-    "verl_lines",
 ]
 
 Table = tuple[list[str], list[list[str]]]
@@ -194,11 +193,6 @@ def closest_table(report: ReportData) -> Table:
     return headers, rows
 
 
-def trainer_of(report: ReportData) -> str:
-    """The trainer the study exports for, as lines name it."""
-    return report.plan.trainer.label
-
-
 def gains_table(report: ReportData) -> Table:
     headers = [
         "hand-made config",
@@ -207,7 +201,7 @@ def gains_table(report: ReportData) -> Table:
         "samples/s",
         "peak GiB",
         "tuned / hand-made",
-        f"from {trainer_of(report)}'s knobs",
+        f"from {report.plan.trainer.label}'s knobs",
         "measured",
     ]
     rows = []
@@ -286,50 +280,29 @@ def model_error_line(report: ReportData) -> str:
     )
 
 
-NOT_MEASURED = (
-    "Measured: the training side (states, scoring, update) with Hugging Face generate for the rollout. Not "
-    "measured: the rollout engine's memory pool and speed, sized by rule ({rules})."
-)
+def knobs_title(report: ReportData) -> str:
+    """`verl's keys beside verl's defaults`: the title of `defaults_table`."""
+    trainer = report.plan.trainer
+    return f"{trainer.keys_name} beside {trainer.label}'s defaults"
 
 
-MEASURED_BY_VERL = (
-    "Measured by verl itself (--engine verl): python -m verl.trainer.main_ppo with this job for a few steps, "
-    "its rollout engine's pool and speed included."
-)
-
-
-def verl_lines(report: ReportData) -> list[str]:
-    lines = [
-        "Sizes in verl count prompts: data.train_batch_size = T/n, data.gen_batch_size = R/n, "
-        "actor.ppo_mini_batch_size = m·g·W/n (verl multiplies it by rollout.n, splits it over the W GPUs "
-        "and runs (M·n/W)/m = g micro-batches of m per GPU per optimizer step).",
-        MEASURED_BY_VERL if report.plan.engine.runs_rollout else NOT_MEASURED.format(rules=RULES),
-    ]
-    if report.verl is not None:
-        lines += report.verl.notes
-    return lines
-
-
-VERL_DEFAULTS_LEAD = (
-    "Each key verl_overrides.txt writes, beside verl 0.9.1's default and why the value differs: measured "
-    "(the probe ran the job with it), memory (sized from the training states resident while vLLM "
-    "generates), rule (a stated rule), the job (GPUs, model, rollout engine)."
-)
-
-
-def verl_defaults_table(report: ReportData) -> Table:
-    """The exported keys beside verl's defaults: those that differ first, in the file's order."""
-    knobs = sorted(report.verl_knobs, key=lambda knob: not knob.differs)
+def defaults_table(report: ReportData) -> Table:
+    """The exported keys beside the trainer's defaults: those that differ first, in the file's order."""
+    assert report.export is not None
+    label = report.plan.trainer.label
+    knobs = sorted(report.export.knobs, key=lambda knob: not knob.differs)
     rows = [[k.key, format_value(k.value), format_value(k.default), k.why] for k in knobs]
-    return ["verl key", "exported", "verl's default", "why"], rows
+    return [f"{label} key", "exported", f"{label}'s default", "why"], rows
 
 
-def verl_default_lines(report: ReportData) -> list[str]:
-    """For the terminal: the exported keys a rule or the memory set away from verl's defaults."""
+def default_lines(report: ReportData) -> list[str]:
+    """For the terminal: the exported keys a rule or the memory set away from the trainer's defaults."""
+    knobs = report.export.knobs if report.export is not None else ()
+    label = report.plan.trainer.label
     return [
-        f"  {k.key}={format_value(k.value)} (verl's default {format_value(k.default)}): {k.why}"
-        for k in report.verl_knobs
-        if k.differs and not k.why.startswith(("measured", "the job", "verl's default"))
+        f"  {k.key}={format_value(k.value)} ({label}'s default {format_value(k.default)}): {k.why}"
+        for k in knobs
+        if k.set_by_rule
     ]
 
 
@@ -337,7 +310,7 @@ def launch_line(report: ReportData, path: str | None = None) -> str:
     """The command that starts the study's trainer on its exported file (`path`, default the file's name: run
     beside it); replace the /path/to/ parts."""
     trainer = report.plan.trainer
-    values = report.verl.values if report.verl is not None else {}
+    values = report.export.launch_values if report.export is not None else {}
     return trainer.launch_line(
         path or trainer.export_file, report.plan.gpus, values, report.plan.reward_model
     )

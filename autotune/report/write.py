@@ -33,20 +33,18 @@ from optuna.trial import FrozenTrial
 
 from autotune.errors import Unavailable, UserError
 from autotune.files import make_folder, write_whole
-from autotune.formats.verl import format_overrides
 from autotune.memory.budget import Budget
 from autotune.report.data import ReportData, best_config_yaml, build_report, config_yaml
 from autotune.report.markdown import render_markdown
 from autotune.report.missing_gain import no_gain_line
 from autotune.report.tables import (
     conditions_lines,
+    default_lines,
     gain_lines,
     launch_line,
     recipe_lines,
     remeasured_line,
-    trainer_of,
     verdict_line,
-    verl_default_lines,
 )
 from autotune.status import Attr
 from autotune.study.plan import StudyPlan
@@ -135,10 +133,8 @@ def write_report(
     }
     if report.best_config is not None:
         texts["best_config.yaml"] = best_config_yaml(report)
-        if report.trl_config is not None:
-            texts["trl_config.yaml"] = report.trl_config
-        elif report.verl is not None:
-            texts["verl_overrides.txt"] = format_overrides(report.verl.values)
+    if report.export is not None:
+        texts[report.plan.trainer.export_file] = report.export.text
     written = [name for name in FILES if name in texts] + [SUMMARY_FILE]
     texts[SUMMARY_FILE] = json.dumps(summary(report, out_dir, written, run), indent=2) + "\n"
     files = {}
@@ -196,15 +192,17 @@ def summary_lines(report: ReportData, out_dir: Path, files: dict[str, Path]) -> 
         lines += gain_lines(report) + conditions_lines(report)
         lines += ["configuration (best_config.yaml):"]
         lines += ["  " + line for line in config_yaml(report).splitlines()]
-        if differing := verl_default_lines(report):
-            lines += ["set away from verl's defaults by rule or memory (report.md lists every key):"]
+        if differing := default_lines(report):
+            label = report.plan.trainer.label
+            lines += [f"set away from {label}'s defaults by rule or memory (report.md lists every key):"]
             lines += differing
     lines += ["files:"] + [f"  {path.resolve()}" for name, path in files.items() if name != "report.md"]
     run_log = out_dir / "run.log"
     if run_log.exists():
         lines += [f"  {run_log.resolve()}"]
     if chosen is not None:
-        lines += [f"start {trainer_of(report)} on it (replace the /path/to/ parts):"]
+        trainer = report.plan.trainer
+        lines += [f"start {trainer.label} on it (replace {trainer.launch_edits}):"]
         lines += ["  " + export_launch(report, out_dir)]
     return lines
 

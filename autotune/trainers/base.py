@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from autotune.formats.target import Target
     from autotune.probe.contract import ProbeResult, ProbeSettings
     from autotune.space.model import SearchSpace
+    from autotune.trainers.export import Export, ExportJob
 
 __all__ = ["ProbeEngine", "Trainer"]
 
@@ -39,13 +40,14 @@ class Trainer(ABC):
     file_kind: ClassVar[str]  # formats.target.Target.kind of its own config files
     export_file: ClassVar[str]  # the file a study writes in its keys
     keys_name: ClassVar[str]  # what its keys are called ("verl's keys")
+    file_description: ClassVar[str]  # what its export file holds ("Hydra overrides for verl 0.9.1")
     passes: ClassVar[Passes]  # whose passes the built-in probe runs for its jobs
     file_passes: ClassVar[Passes]  # whose passes price its own file (what it runs when it trains)
     spans_nodes: ClassVar[bool]  # its export can start a job over several machines
     shards_states: ClassVar[bool]  # its export writes how states are sharded (else: replicated)
     offloads_states: ClassVar[bool]  # its export writes parameter and optimizer offload
     token_budgets: ClassVar[bool]  # it has log-prob micro batches and token budgets of its own
-    sizes_rollout: ClassVar[bool]  # its export sizes the rollout engine (vLLM's pool, tensor parallel)
+    launch_edits: ClassVar[str] = "the /path/to/ parts"  # what a user edits in its launch line
 
     @abstractmethod
     def defaults(self) -> dict[str, Any]:
@@ -89,6 +91,10 @@ class Trainer(ABC):
     ) -> None:
         """UserError unless the copy at `path` reads back, by its own parser, as the original (`source`, read
         as `original`) with `changes`; `gpus`: the job's."""
+
+    @abstractmethod
+    def export(self, job: ExportJob) -> Export:
+        """Its file for a study's pick, best_config.yaml with its blocks, and the notes beside them."""
 
     @abstractmethod
     def launch_line(self, path: str, gpus: int, values: dict[str, Any], reward_model: str) -> str:

@@ -132,7 +132,7 @@ def run_verl_probe(
                 Path(settings.verl_python).expanduser().absolute()
             ),  # not resolve(): a venv's link
             # No card, no resident figure: verl's own default share unless the configuration sets one, the
-            # same value the report exports for a study probed this way (report.data.engine_for)
+            # same value the report exports for a study probed this way (trainers/verl/verl_export.py)
             card_bytes=0.0,
             resident_bytes=None,
             visible_devices=settings.visible_devices,

@@ -15,7 +15,7 @@ import yaml
 
 from autotune.config.passes import Passes
 from autotune.errors import UserError
-from autotune.formats.trl import TRL_KIND
+from autotune.formats.trl import TRL_KIND, TRL_VERSION
 from autotune.trainers.base import Trainer
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from autotune.config.rules import Finding
     from autotune.formats.target import Target
     from autotune.space.model import SearchSpace
+    from autotune.trainers.export import Export, ExportJob
 
 __all__ = ["TRL", "TrlTrainer"]
 
@@ -35,13 +36,14 @@ class TrlTrainer(Trainer):
     file_kind = TRL_KIND
     export_file = "trl_config.yaml"
     keys_name = "TRL's GRPOConfig fields"
+    file_description = f"TRL {TRL_VERSION}'s GRPOConfig fields"
     passes = Passes.TRL
     file_passes = Passes.TRL_FUSED
     spans_nodes = False  # accelerate's multi-node launch is not written
     shards_states = False
     offloads_states = False
     token_budgets = False
-    sizes_rollout = False  # TRL sets vLLM's sequences itself; its share is a searched knob
+    launch_edits = "the /path/to/ parts and the reward"
 
     def defaults(self) -> dict[str, Any]:
         from autotune.formats.defaults import trl_defaults
@@ -52,6 +54,18 @@ class TrlTrainer(Trainer):
         from autotune.formats.trl import not_trl_knobs
 
         return not_trl_knobs()
+
+    def export(self, job: ExportJob) -> Export:
+        """trl_config.yaml, and best_config.yaml without verl's blocks."""
+        from autotune.formats.seed_yaml import seed_document
+        from autotune.formats.trl import trl_config_text
+        from autotune.models.names import verl_model_path
+        from autotune.trainers.export import Export
+
+        model = verl_model_path(job.model)
+        text = trl_config_text(job.config, job.gpus, model, job.device, job.measured)
+        document = seed_document(job.config, job.model, job.reward_model, job.measured, gpus=job.gpus)
+        return Export(document=document, text=text)
 
     def launch_line(self, path: str, gpus: int, values: dict[str, Any], reward_model: str) -> str:
         from autotune.formats.trl import launch_line

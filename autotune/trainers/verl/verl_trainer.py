@@ -1,9 +1,9 @@
 """verl 0.9.1 as a trainer (`--target verl`) and as the engine of a probe (`--engine verl`).
 
 Its files are Hydra override lines and the launch scripts that pass them (autotune.formats.verl,
-formats.launch_script); its export is verl_overrides.txt; a tuned copy is read back by Hydra and held to
-verl's own start-up rules on the job's GPUs. Its probe runs `python -m verl.trainer.main_ppo`
-(autotune.probe.verl), its rollout engine included.
+formats.launch_script). Its export is verl_overrides.txt, with the rollout engine sized beside the pick
+(verl_export.py). A tuned copy is read back by Hydra and held to verl's own start-up rules on the job's GPUs.
+Its probe runs `python -m verl.trainer.main_ppo` (autotune.probe.verl), its rollout engine included.
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 from autotune.config.passes import Passes
 from autotune.errors import UserError
 from autotune.formats.verl import MINI_KEY, VERL_KIND
+from autotune.probe.verl.install import VERL_VERSION
 from autotune.trainers.base import Trainer
 
 if TYPE_CHECKING:
     from autotune.config.knobs import ProbeConfig
     from autotune.formats.target import Target
+    from autotune.trainers.export import Export, ExportJob
 
 __all__ = ["VERL", "VerlTrainer"]
 
@@ -29,13 +31,13 @@ class VerlTrainer(Trainer):
     file_kind = VERL_KIND
     export_file = "verl_overrides.txt"
     keys_name = "verl's keys"
+    file_description = f"Hydra overrides for verl {VERL_VERSION}"
     passes = Passes.VERL
     file_passes = Passes.VERL
     spans_nodes = True
     shards_states = True
     offloads_states = True
     token_budgets = True
-    sizes_rollout = True
 
     def defaults(self) -> dict[str, Any]:
         from autotune.formats.defaults import verl_defaults
@@ -46,6 +48,11 @@ class VerlTrainer(Trainer):
         from autotune.formats.verl_table import not_verl_knobs
 
         return not_verl_knobs()
+
+    def export(self, job: ExportJob) -> Export:
+        from autotune.trainers.verl.verl_export import verl_export
+
+        return verl_export(job)
 
     def launch_line(self, path: str, gpus: int, values: dict[str, Any], reward_model: str) -> str:
         from autotune.formats.verl_launch import verl_launch_line
