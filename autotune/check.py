@@ -463,7 +463,7 @@ def _model_checks(
     memory_found, memory = memory_findings(arch, target, config, gpus, card, report, lengths, passes)
     traced = None
     if options.trace:  # the layout of the device the verdict is about, on the lengths it judged
-        from autotune.probe.traced import BUILT, traced_check
+        from autotune.probe.traced import BUILT, TraceJob, traced_check
 
         layout = memory.get("device", "cuda")
         verdict = str(memory.get("lengths", "max"))  # a TRL file's: the limits, which TRL pads to
@@ -473,7 +473,8 @@ def _model_checks(
         def traced_pass(name: str, seconds: float) -> None:
             options.say(f"  {name if name == BUILT else f'traced {name}'}: {seconds:.0f} s")
 
-        traced = traced_check(spec, reward_spec, config, gpus, layout, options.verl_python, on, traced_pass)
+        job = TraceJob(spec, reward_spec, config, gpus, layout, options.verl_python, on)
+        traced = traced_check(job, traced_pass)
         if not traced.failed:
             note = _trace_lengths_note(traced, memory, verdict, config)
             traced = dataclasses.replace(traced, notes=[note, *traced.notes])

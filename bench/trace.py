@@ -165,10 +165,10 @@ def _config(case: dict[str, Any]) -> ProbeConfig:
 def _trace(spec: Any, reward: Any, config: ProbeConfig, gpus: int, verl_python: str | None) -> Any:
     """In this process with autotune's functions; in verl's python (a process of its own) with verl's."""
     from autotune.probe.rank.trace import trace_memory
-    from autotune.probe.traced import run_trace
+    from autotune.probe.traced import TraceJob, run_trace
 
     if verl_python:
-        return run_trace(spec, reward, config, gpus, "cuda", verl_python)
+        return run_trace(TraceJob(spec, reward, config, gpus, "cuda", verl_python))
     return trace_memory(spec, reward, config, gpus)
 
 

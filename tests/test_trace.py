@@ -22,7 +22,7 @@ from autotune.probe.rank.measure import state_bytes
 from autotune.probe.rank.model_build import build_models
 from autotune.probe.rank.pass_math import AUTOTUNE
 from autotune.probe.rank.trace import _warm_up, trace_memory
-from autotune.probe.traced import MemoryTrace, TraceUnavailable, compare, traced_check
+from autotune.probe.traced import MemoryTrace, TraceJob, TraceUnavailable, compare, traced_check
 
 TINY = ProbeConfig(
     train_batch_size=8,
@@ -162,7 +162,7 @@ def test_offload_outside_fsdp_on_a_gpu_is_refused_in_one_line(tiny):
 @pytest.mark.e2e
 def test_a_config_the_tracer_cannot_run_says_so_in_one_line(tiny):
     config = dataclasses.replace(SHARDED, param_offload=True)
-    said = traced_check(tiny, None, config, 2, "cpu")
+    said = traced_check(TraceJob(tiny, None, config, 2, "cpu"))
     assert said.failed and "offload is verl's FSDP move on a GPU" in said.failed
     assert len(said.lines()) == 1 and "the analytic model stands" in said.lines()[0]
 
@@ -170,7 +170,7 @@ def test_a_config_the_tracer_cannot_run_says_so_in_one_line(tiny):
 @pytest.mark.e2e
 def test_the_trace_process_gives_what_the_trace_gives(tiny):
     in_process = traced(TINY)
-    said = traced_check(tiny, None, TINY, 1, "cpu")
+    said = traced_check(TraceJob(tiny, None, TINY, 1, "cpu"))
     assert said.failed is None
     rows = {r.term: r.traced for r in said.rows}
     assert rows["weights"] == in_process.states["weights"]
@@ -303,9 +303,9 @@ def _traced_on(monkeypatch, tmp_path: Path, text: str = DATA_CONFIG, **options):
 
     asked: list[JobLengths] = []
 
-    def stand_in(spec, reward, config, gpus, layout, verl_python=None, lengths=None, on_pass=None):
-        asked.append(lengths)
-        return TracedCheck([], [], 0.0, gpus, layout, lengths=lengths.label)
+    def stand_in(job, on_pass=None):
+        asked.append(job.lengths)
+        return TracedCheck([], [], 0.0, job.world_size, job.layout, lengths=job.lengths.label)
 
     monkeypatch.setattr(traced_module, "traced_check", stand_in)
     config = tmp_path / ("trl_config.yaml" if "num_generations" in text else "config.yaml")

@@ -16,7 +16,7 @@ from autotune.config.knobs import ProbeConfig
 from autotune.errors import UserError
 from autotune.models.catalog import resolve_model
 from autotune.probe.rank.pass_math import AUTOTUNE
-from autotune.probe.traced import TraceUnavailable, run_trace
+from autotune.probe.traced import TraceJob, TraceUnavailable, run_trace
 from tests.conftest import VERL_PYTHON
 
 GRPO = ProbeConfig(  # GRPO with KL: log-probs, entropy, the policy loss and the KL loss all run
@@ -107,8 +107,8 @@ def test_verls_functions_trace_what_autotunes_do_to_one_vocabulary_row():
     if not VERL_PYTHON.exists():
         pytest.skip(f"verl's environment is missing ({VERL_PYTHON}): ./setup.sh test makes it")
     spec = resolve_model("tiny-llama")
-    ours = run_trace(spec, None, GRPO, 1, "cuda")
-    verls = run_trace(spec, None, GRPO, 1, "cuda", str(VERL_PYTHON))
+    ours = run_trace(TraceJob(spec, None, GRPO, 1, "cuda"))
+    verls = run_trace(TraceJob(spec, None, GRPO, 1, "cuda", str(VERL_PYTHON)))
     assert ours.functions["log_probs"].startswith("autotune.")
     assert verls.functions["log_probs"].startswith("verl.utils.torch_functional.logprobs_from_logits")
     assert verls.functions["kl_loss"].startswith("verl.trainer.ppo.core_algos.kl_penalty(low_var_kl)")
@@ -126,7 +126,7 @@ def test_verls_environment_traces_on_the_jobs_lengths():
     if not VERL_PYTHON.exists():
         pytest.skip(f"verl's environment is missing ({VERL_PYTHON}): ./setup.sh test makes it")
     lengths = JobLengths.from_counts([2, 3, 4], [1, 2, 3])  # under GRPO's limits of 8 + 8
-    verls = run_trace(resolve_model("tiny-llama"), None, GRPO, 1, "cuda", str(VERL_PYTHON), lengths)
+    verls = run_trace(TraceJob(resolve_model("tiny-llama"), None, GRPO, 1, "cuda", str(VERL_PYTHON), lengths))
     priced = {kind: tokens for kind, tokens in pass_tokens(GRPO, lengths, 1).to_dict().items() if tokens}
     assert verls.lengths == "data" and verls.tokens == priced
     assert verls.tokens["update"] < 2 * GRPO.sequence_length  # the limits' micro batch of 2

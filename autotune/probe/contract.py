@@ -9,9 +9,12 @@ out-of-memory exception and wrote its result) or anything else (a crash). The la
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.units import GIB
+
+if TYPE_CHECKING:
+    from autotune.config.knobs import ProbeConfig
 
 __all__ = ["MMAP_THRESHOLD", "OOM_EXIT_CODE", "PARENT_VARIABLE", "ProbeResult", "ProbeSettings"]
 
@@ -97,6 +100,29 @@ class ProbeResult:
     # (the trial is crashed and tried again once, on the nodes left)
     rank_nodes: list[str] = field(default_factory=list)
     lost_node: str | None = None
+
+    @classmethod
+    def classified(
+        cls,
+        config: ProbeConfig,
+        settings: ProbeSettings,
+        verdict: tuple[str, str | None, str],
+        wall_seconds: float,
+        **figures: Any,
+    ) -> ProbeResult:
+        """A probe's result as every engine starts it: its `verdict` (status, OOM kind, message), how long
+        it ran and where, and the `figures` it measured."""
+        status, oom_kind, message = verdict
+        return cls(
+            status=status,
+            oom_kind=oom_kind,
+            message=message,
+            wall_seconds=wall_seconds,
+            world_size=settings.world_size,
+            device=settings.device,
+            config=config.to_dict(),
+            **figures,
+        )
 
     @property
     def peak_memory_gib(self) -> float:

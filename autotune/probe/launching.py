@@ -109,18 +109,14 @@ def summarize(
     budget = int(settings.memory_budget_gib * GIB) if settings.memory_budget_gib else None
     peaks = [r["peak"] for r in rank_results if r and r.get("peak")]
     peak_bytes = max((p["bytes"] for p in peaks), default=0)
-    status, oom_kind, message = classify(
-        exit_codes, rank_results, timed_out, peak_bytes, budget, settings.device, gone
-    )
-    result = ProbeResult(
-        status=status,
-        oom_kind=oom_kind,
-        message=message,
+    verdict = classify(exit_codes, rank_results, timed_out, peak_bytes, budget, settings.device, gone)
+    status = verdict[0]
+    result = ProbeResult.classified(
+        config,
+        settings,
+        verdict,
+        wall_seconds,
         memory_budget_bytes=budget,
-        wall_seconds=wall_seconds,
-        world_size=settings.world_size,
-        device=settings.device,
-        config=config.to_dict(),
         rank_peaks=peaks,
         peak_memory_bytes=peak_bytes,
         peak_memory_source=peaks[0]["source"] if peaks else "",

@@ -1,7 +1,7 @@
 """The traced memory estimate, tuner side: run the trace in its own process, set it beside the analytic model.
 
-    said = traced_check(spec, None, config, world_size=2, layout="cuda")   # `autotune check --trace`
-    said = traced_check(spec, None, config, 2, "cuda", lengths=job_lengths)   # on the data's lengths
+    said = traced_check(TraceJob(spec, None, config, world_size=2, layout="cuda"))  # `check --trace`
+    said = traced_check(TraceJob(spec, None, config, 2, "cuda", lengths=job_lengths))  # the data's lengths
     print("\n".join(said.lines()))
     rows = compare(trace, predict_components(arch, config, world_size, "cuda"))
 
@@ -46,11 +46,13 @@ __all__ = [
     "MathSource",
     "MemoryTrace",
     "PhasePeak",
+    "TraceJob",
     "TraceRow",
     "TraceUnavailable",
     "TracedCheck",
     "compare",
     "format_rows",
+    "run_trace",
     "traced_check",
     "verl_trace_python",
 ]
@@ -313,33 +315,40 @@ def _model_ref(spec: ModelSpec) -> str:
     return str(spec.path) if spec.source == "local" and spec.path else spec.name
 
 
+@dataclass(frozen=True)
+class TraceJob:
+    """One trace: the models, the configuration on `world_size` ranks of `layout`'s device, whose per-token
+    math its passes run (`verl_python`: verl's, in verl's environment, checked by `verl_trace_python`;
+    None: autotune's here) and the lengths its micro batches are packed from (None: the limits)."""
+
+    actor: ModelSpec
+    reward: ModelSpec | None
+    config: ProbeConfig
+    world_size: int
+    layout: str
+    verl_python: str | None = None
+    lengths: JobLengths | None = None
+
+
 def run_trace(
-    actor_spec: ModelSpec,
-    reward_spec: ModelSpec | None,
-    config: ProbeConfig,
-    world_size: int,
-    layout: str,
-    verl_python: str | None = None,
-    lengths: JobLengths | None = None,
-    on_pass: Callable[[str, float], None] = lambda name, seconds: None,
+    job: TraceJob, on_pass: Callable[[str, float], None] = lambda name, seconds: None
 ) -> MemoryTrace:
-    """The trace, in a process of its own, its micro batches packed from `lengths` (None: the limits);
-    TraceUnavailable (one line) when it cannot run. With `verl_python` it runs in verl's environment with
-    verl's per-token functions (`verl_trace_python` has checked that environment). `on_pass(name, seconds)`
-    as each pass is traced."""
-    job = {
-        "model": _model_ref(actor_spec),
-        "reward": _model_ref(reward_spec) if reward_spec else None,
-        "trust_remote_code": actor_spec.trust_remote_code,
-        "config": dataclasses.asdict(config),
-        "world_size": world_size,
-        "layout": layout,
+    """The trace, in a process of its own; TraceUnavailable (one line) when it cannot run. `on_pass(name,
+    seconds)` as each pass is traced."""
+    verl_python, lengths = job.verl_python, job.lengths
+    request = {
+        "model": _model_ref(job.actor),
+        "reward": _model_ref(job.reward) if job.reward else None,
+        "trust_remote_code": job.actor.trust_remote_code,
+        "config": dataclasses.asdict(job.config),
+        "world_size": job.world_size,
+        "layout": job.layout,
         "pass_math": MathSource.VERL if verl_python else MathSource.AUTOTUNE,
         "lengths": lengths.to_dict() if lengths is not None else None,
     }
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MASTER_ADDR": "", "RANK": "", "WORLD_SIZE": ""}
     with _package_path(env, verl_python is not None):
-        command = [verl_python or sys.executable, str(runner_path("memory_trace.py")), json.dumps(job)]
+        command = [verl_python or sys.executable, str(runner_path("memory_trace.py")), json.dumps(request)]
         code, out, err = _run_with_progress(command, env, on_pass)
     lines = out.strip().splitlines()
     if code != 0 or not lines:
@@ -461,23 +470,17 @@ def trace_estimate(
 
 
 def traced_check(
-    actor_spec: ModelSpec,
-    reward_spec: ModelSpec | None,
-    config: ProbeConfig,
-    world_size: int,
-    layout: str,
-    verl_python: str | None = None,
-    lengths: JobLengths | None = None,
-    on_pass: Callable[[str, float], None] = lambda name, seconds: None,
+    job: TraceJob, on_pass: Callable[[str, float], None] = lambda name, seconds: None
 ) -> TracedCheck:
-    """Trace `config` and set it beside the analytic terms, both on the job's `lengths` (None: the limits):
-    the trace packs each pass's micro batch from them as the analytic model prices it. A trace that cannot
-    run says why in one line. With `verl_python` (checked by `verl_trace_python`) the passes run verl's
-    per-token functions."""
+    """Trace `job` and set it beside the analytic terms, both on the job's lengths (None: the limits): the
+    trace packs each pass's micro batch from them as the analytic model prices it. A trace that cannot run
+    says why in one line."""
     from autotune.memory.architecture import Architecture
     from autotune.memory.breakdown import predict_components
 
-    lengths = lengths or JobLengths()
+    actor_spec, reward_spec, config = job.actor, job.reward, job.config
+    world_size, layout = job.world_size, job.layout
+    lengths = job.lengths or JobLengths()
     estimate, _ = trace_estimate(actor_spec, config, world_size, lengths)
     passes: dict[str, float] = {}
 
@@ -486,7 +489,7 @@ def traced_check(
         on_pass(name, seconds)
 
     try:
-        trace = run_trace(actor_spec, reward_spec, config, world_size, layout, verl_python, lengths, said)
+        trace = run_trace(dataclasses.replace(job, lengths=lengths), said)
     except TraceUnavailable as error:
         return TracedCheck.not_run(str(error), world_size, layout, lengths.label)
     arch = Architecture.from_specs(actor_spec, reward_spec)

@@ -283,18 +283,14 @@ def _result(
     steps = metrics.merge_steps(metrics.parse_file_log(metrics_text or ""), metrics.parse_console(log_text))
     figures = metrics.summarise(steps, run.steps, config.train_batch_size, settings.warmup_iterations)
     seen = run.steps - len(figures.missing)
-    status, oom_kind, message = failures.classify_run(
-        ending.code, ending.timed_out, seen, run.steps, log_text
-    )
+    verdict = failures.classify_run(ending.code, ending.timed_out, seen, run.steps, log_text)
+    status = verdict[0]
     peak = max(device_peak, figures.allocated_peak_bytes or 0, figures.reserved_peak_bytes or 0)
-    result = ProbeResult(
-        status=status,
-        oom_kind=oom_kind,
-        message=message,
-        wall_seconds=wall,
-        world_size=settings.world_size,
-        device=settings.device,
-        config=config.to_dict(),
+    result = ProbeResult.classified(
+        config,
+        settings,
+        verdict,
+        wall,
         peak_memory_bytes=peak,
         peak_memory_source="nvml-device" if device_peak >= peak and device_peak else "verl-allocator",
         environment={
