@@ -153,7 +153,7 @@ class Check:
         from autotune.probe.contract import ProbeSettings
 
         return ProbeSettings(
-            model=self.model, device=self.device, engine=engine, verl_python=self.verl_python,
+            model=self.model, device=self.device, engine=engine, engine_python=self.verl_python,
             iterations=2, warmup_iterations=1, timeout_seconds=timeout,
         )  # fmt: skip
 

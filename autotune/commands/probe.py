@@ -102,8 +102,7 @@ def _probe(args: argparse.Namespace, cluster) -> int:
     raise_for(model_findings(config, spec))
     settings = ProbeSettings(
         engine=args.engine,
-        verl_python=args.verl_python,
-        trl_python=args.trl_python,
+        engine_python=engine.python_from(args),
         model=args.model,
         reward_model=args.reward_model,
         weights=args.weights,

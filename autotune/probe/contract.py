@@ -45,8 +45,9 @@ class ProbeSettings:
     visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES for the ranks (a --parallel slot's GPUs)
     threads_per_rank: int | None = None  # CPU threads per rank (a --parallel slot's share of the cores)
     engine: str = "builtin"  # autotune.trainers.registry.ENGINES: the built-in probe, or verl or TRL
-    verl_python: str | None = None  # the verl environment's python (--verl-python), for engine "verl"
-    trl_python: str | None = None  # the TRL environment's python (--trl-python; None: this one), engine "trl"
+    # the python the engine's probes run under: its environment's (--verl-python, --trl-python); None: this
+    # one (the built-in probe's and TRL's default; verl's engine needs one)
+    engine_python: str | None = None
     # whose training passes the built-in probe runs (autotune.probe.rank.ppo.PASSES): verl's packed passes on
     # synthetic rollouts of the job's lengths, or TRL's generate and padded passes
     passes: str = "verl"

@@ -59,7 +59,7 @@ class Rounds:
 
 
 def trl_python(settings: ProbeSettings) -> str:
-    return settings.trl_python or sys.executable
+    return settings.engine_python or sys.executable
 
 
 def check_trl_python(python: str | None) -> str:

@@ -64,7 +64,7 @@ def confirm_winner(
     plan = study_plan(study)
     device = resolve_device(options.device, plan.gpus)
     probed_as = (  # as the study probed, or, for a study `run` did not make, by what it says
-        plan.probe_settings(device, verl_python=options.verl_python, trl_python=options.trl_python)
+        plan.probe_settings(device, engine_python=plan.engine.python_from(options))
         if plan.settings
         else ProbeSettings(
             model=plan.model, reward_model=plan.reward_model, world_size=plan.gpus, device=device

@@ -140,8 +140,7 @@ def probe_settings(space, options: RunOptions, device: str, cluster: Any = None)
         seed=options.seed,
         trust_remote_code=options.trust_remote_code,
         engine=options.engine,
-        verl_python=options.verl_python,
-        trl_python=options.trl_python,
+        engine_python=options.probe_engine.python_from(options),
     )
 
 

@@ -70,16 +70,10 @@ def stored_plan(study, name: str, storage: str) -> StudyPlan:
 
 
 def worker_settings(
-    plan: StudyPlan,
-    device: str,
-    trust_remote_code: bool,
-    verl_python: str | None = None,
-    trl_python: str | None = None,
+    plan: StudyPlan, device: str, trust_remote_code: bool, engine_python: str | None = None
 ) -> ProbeSettings:
-    from autotune.trainers.registry import engine_named
-
-    settings = plan.probe_settings(device, trust_remote_code, verl_python, trl_python)
-    engine_named(settings.engine).check_environment(settings)
+    settings = plan.probe_settings(device, trust_remote_code, engine_python)
+    plan.engine.check_environment(settings)
     if settings.prompts_file and not Path(settings.prompts_file).is_file():
         raise UserError(
             f"the study's probes read their prompts from {settings.prompts_file} (autotune run --data), "
@@ -109,9 +103,7 @@ def run_worker(options: WorkerOptions, console: Console | None = None) -> int:
     device = resolve_device(options.device, space.gpus)
     check_offload(space, device)
     plan.engine.check_space_knobs(space, device)
-    settings = worker_settings(
-        plan, device, options.trust_remote_code, options.verl_python, options.trl_python
-    )
+    settings = worker_settings(plan, device, options.trust_remote_code, plan.engine.python_from(options))
     actor = resolve_model(space.model, settings.weights, options.trust_remote_code)
     reward = resolve_reward_model(space.reward_model)
     here = machine_identity(actor, reward, device_label(device), space.gpus)  # the study's job, or another?

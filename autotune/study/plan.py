@@ -34,8 +34,7 @@ LOCAL_SETTINGS = (
     "visible_devices",
     "threads_per_rank",
     "trust_remote_code",
-    "verl_python",
-    "trl_python",
+    "engine_python",
     "ray_address",
     "placement_timeout",
 )
@@ -120,15 +119,15 @@ class StudyPlan:
         self,
         device: str,
         trust_remote_code: bool = False,
-        verl_python: str | None = None,
-        trl_python: str | None = None,
+        engine_python: str | None = None,
     ) -> ProbeSettings:
+        """This machine's settings for the study's probes: the stored ones, with what is local
+        (LOCAL_SETTINGS): the device, and the python the study's engine runs under here."""
         return ProbeSettings(
             **self.settings,
             device=device,
             trust_remote_code=trust_remote_code,
-            verl_python=verl_python,
-            trl_python=trl_python,
+            engine_python=engine_python,
         )
 
     def save(self, study: optuna.Study) -> None:

@@ -111,8 +111,14 @@ class ProbeEngine(ABC):
     name: ClassVar[str]  # --engine's value, and what a study's probe settings store
     on_ray: ClassVar[bool] = True  # its probes can run on a Ray cluster
     runs_rollout: ClassVar[bool] = False  # the probe runs the trainer's rollout engine: its pool is measured
+    python_option: ClassVar[str | None] = None  # the option naming its environment's python ("verl_python")
 
     trainer: ClassVar[Trainer | None] = None  # the trainer its probes run (None: autotune's own iteration)
+
+    def python_from(self, options: Any) -> str | None:
+        """The python its probes run under, as `options` (parsed arguments, run or worker options) name it
+        by `python_option`; None: this one."""
+        return getattr(options, self.python_option, None) if self.python_option else None
 
     def check_environment(self, settings: ProbeSettings) -> str | None:
         """The version its probes run under; UserError (exit 2) when they cannot run. None: this python."""

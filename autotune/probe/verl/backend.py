@@ -114,8 +114,8 @@ def run_verl_probe(
     config: ProbeConfig, settings: ProbeSettings, cancel: threading.Event | None = None
 ) -> ProbeResult:
     """One verl run of `config`: its warm-up step and measured steps, classified like a built-in probe."""
-    if not settings.verl_python:
-        raise ValueError("the verl engine needs settings.verl_python (autotune --verl-python PATH)")
+    if not settings.engine_python:
+        raise ValueError("the verl engine needs settings.engine_python (autotune --verl-python PATH)")
     # NVML sees this machine's GPUs only: on a Ray cluster verl's workers are elsewhere, and the peak is
     # verl's allocator figure alone
     watch = GpuWatch(settings.visible_devices, active=settings.ray_address is None)
@@ -129,7 +129,7 @@ def run_verl_probe(
             model_path=_model_path(settings.model),
             run_dir=run_dir,
             verl_python=str(
-                Path(settings.verl_python).expanduser().absolute()
+                Path(settings.engine_python).expanduser().absolute()
             ),  # not resolve(): a venv's link
             # No card, no resident figure: verl's own default share unless the configuration sets one, the
             # same value the report exports for a study probed this way (trainers/verl/verl_export.py)
@@ -295,7 +295,7 @@ def _result(
         peak_memory_source="nvml-device" if device_peak >= peak and device_peak else "verl-allocator",
         environment={
             "engine": "verl",
-            "verl_python": settings.verl_python,
+            "verl_python": settings.engine_python,
             "steps_seen": seen,
             **({"cluster": {"address": settings.ray_address}} if settings.ray_address else {}),
         },

@@ -25,13 +25,14 @@ __all__ = ["TRL_ENGINE", "TrlEngine"]
 class TrlEngine(ProbeEngine):
     name = "trl"
     on_ray = False  # TRL's probes run on this machine only
+    python_option = "trl_python"  # --trl-python
 
     trainer = TRL
 
     def check_environment(self, settings: ProbeSettings) -> str | None:
         from autotune.probe.trl_backend import check_trl_python
 
-        return check_trl_python(settings.trl_python)
+        return check_trl_python(settings.engine_python)
 
     def announce(self, settings: ProbeSettings, console: Console) -> None:
         version = self.check_environment(settings)

@@ -22,20 +22,21 @@ __all__ = ["VERL_ENGINE", "VerlEngine"]
 class VerlEngine(ProbeEngine):
     name = "verl"
     runs_rollout = True
+    python_option = "verl_python"  # --verl-python
 
     trainer = VERL
 
     def check_environment(self, settings: ProbeSettings) -> str | None:
         from autotune.probe.verl.install import check_verl_python
 
-        return check_verl_python(settings.verl_python)
+        return check_verl_python(settings.engine_python)
 
     def announce(self, settings: ProbeSettings, console: Console) -> None:
         from autotune.probe.verl.install import VERL_VERSION
 
         version = self.check_environment(settings)
         console.print(
-            f"probing with verl {version} ({settings.verl_python}): each trial runs python -m "
+            f"probing with verl {version} ({settings.engine_python}): each trial runs python -m "
             f"verl.trainer.main_ppo for the warm-up and measured steps; the memory model prunes only the "
             f"training side (it cannot predict vLLM's pool)",
             markup=False,
