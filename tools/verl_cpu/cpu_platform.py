@@ -175,3 +175,8 @@ def _init_process_group(*args, **kwargs):
 
 
 torch.distributed.init_process_group = _init_process_group
+
+
+# --- the rollout: verl 0.9.1 has none that runs on CPU. hf_cpu_rollout registers one named "hf_cpu" in verl's
+# rollout registries; imported here, after the platform above is registered, so one env var loads both.
+import hf_cpu_rollout  # noqa: E402,F401

@@ -7,7 +7,9 @@ here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 WORK="${WORK:-/tmp/verl-cpu}"
 log=$1; shift
-mkdir -p "$WORK/logs" && cd "$WORK"
+# Run from an empty folder: the driver and Ray's workers put the cwd on sys.path, so a stray cpu_platform.py
+# in $WORK would shadow the one here.
+mkdir -p "$WORK/logs" "$WORK/cwd" && cd "$WORK/cwd"
 export PYTHONPATH="$here:$WORK/pydeps" HYDRA_FULL_ERROR=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 export VERL_USE_EXTERNAL_MODULES=cpu_platform VERL_PLATFORM=cpu VERL_ENGINE_DEVICE=cuda
 timeout "${TMO:-480}" "$repo/.venv-verl/bin/python" -m verl.trainer.main_ppo \
@@ -32,6 +34,7 @@ timeout "${TMO:-480}" "$repo/.venv-verl/bin/python" -m verl.trainer.main_ppo \
   +ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu \
   +ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_DEVICE=cuda \
   +actor_rollout_ref.model.override_config.attn_implementation=sdpa \
-  actor_rollout_ref.rollout.name=vllm \
-  "$@" > "logs/$log.log" 2>&1
-echo "rc=$?" >> "logs/$log.log"
+  actor_rollout_ref.rollout.name=hf_cpu actor_rollout_ref.rollout.agent.num_workers=1 \
+  reward.num_workers=1 data.dataloader_num_workers=0 \
+  "$@" > "$WORK/logs/$log.log" 2>&1
+echo "rc=$?" >> "$WORK/logs/$log.log"
