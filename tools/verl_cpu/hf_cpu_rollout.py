@@ -165,14 +165,17 @@ class HFCPUServer:
                 if unknown:
                     raise KeyError(f"hf_cpu rollout: weights the server's model lacks: {unknown[:5]}")
                 missing = sorted(set(own) - set(state))
+                # How far the new weights moved from the ones held: 0 on the first sync (the same checkpoint),
+                # above 0 after an actor update, so the log shows that trained weights arrived.
+                change = max((state[k].float() - own[k].float()).abs().max().item() for k in state)
                 self.model.load_state_dict(state, strict=False)
-                return missing
+                return missing, change
 
-        missing = await asyncio.to_thread(run)
+        missing, change = await asyncio.to_thread(run)
         self.weight_version += 1
         if global_steps is not None:
             self.global_steps = global_steps
-        return {"loaded": len(state), "missing": missing, "weight_version": self.weight_version}
+        return {"loaded": len(state), "missing": missing, "weight_version": self.weight_version, "max_change": change}
 
     async def set_global_steps(self, global_steps: int):
         self.global_steps = global_steps
@@ -286,7 +289,8 @@ class HFCPURollout(BaseRollout):
             logger.warning("hf_cpu rollout: the trainer sent no value for %s", info["missing"][:5])
         print(
             f"hf_cpu rollout: replica {self.replica_rank} took {info['loaded']} tensors "
-            f"(weight version {info['weight_version']}, step {global_steps}) in {time.time() - start:.2f}s"
+            f"(weight version {info['weight_version']}, step {global_steps}, max |change| {info['max_change']:.3g}) "
+            f"in {time.time() - start:.2f}s"
         )
 
 
