@@ -44,10 +44,22 @@ class _CPUDeviceModule(ModuleType):
         vm = psutil.virtual_memory()
         return vm.available, vm.total
 
+    # CPU has no device allocator to ask. So that verl's perf/max_memory_* metrics (engine_workers.py:219,
+    # profiler/performance.py:49) mean something, they report this process's resident memory: current RSS for
+    # memory_allocated/reserved, peak RSS (getrusage, not resettable) for max_memory_allocated/reserved.
     def memory_allocated(self, *a, **k):
-        return 0
+        import psutil
 
-    memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
+        return psutil.Process().memory_info().rss
+
+    memory_reserved = memory_allocated
+
+    def max_memory_allocated(self, *a, **k):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+
+    max_memory_reserved = max_memory_allocated
 
     def reset_peak_memory_stats(self, *a, **k):
         return None

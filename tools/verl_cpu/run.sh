@@ -40,5 +40,7 @@ timeout "${TMO:-480}" "${VERL_PYTHON:-$repo/.venv-verl/bin/python}" -m verl.trai
   +actor_rollout_ref.model.override_config.attn_implementation=sdpa \
   actor_rollout_ref.rollout.name=hf_cpu actor_rollout_ref.rollout.agent.num_workers=1 \
   reward.num_workers=1 data.dataloader_num_workers=0 \
+  trainer.v1.sampler.custom_sampler.path=$here/quick_poll.py \
+  trainer.v1.sampler.custom_sampler.name=QuickPollReplayBuffer \
   "$@" > "$WORK/logs/$log.log" 2>&1
 echo "rc=$?" >> "$WORK/logs/$log.log"
