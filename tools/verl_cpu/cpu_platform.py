@@ -1,8 +1,8 @@
 """A CPU platform for verl 0.9.1, registered from outside verl through its own plugin API (issue 48).
 
-An experiment, not a feature: with it `python -m verl.trainer.main_ppo` builds the FSDP2 actor on CPU with
-gloo, then stops at the rollout (verl 0.9.1 registers only vLLM, SGLang and TRT-LLM servers). README.md
-beside this file has the chain of blockers and what is left.
+An experiment, not a feature: with it and hf_cpu_rollout.py (imported at the bottom of this file),
+`python -m verl.trainer.main_ppo` runs GRPO steps on CPU: the FSDP2 actor on gloo, generation by Hugging Face
+`generate` in a Ray actor. README.md beside this file has the chain of blockers and what gets past each.
 
 Load with VERL_USE_EXTERNAL_MODULES=cpu_platform (this folder on PYTHONPATH) and VERL_PLATFORM=cpu:
 verl/__init__.py:49-52 imports the modules named there in every process that imports verl (Ray's too).

@@ -4,8 +4,8 @@
 verl 0.9.1 registers only server rollouts (vLLM, SGLang, TRT-LLM). This module adds one through the two
 registries verl looks rollouts up in, both keyed by `rollout.name`:
 
-- `RolloutReplicaRegistry.register(name, loader)` (workers/rollout/replica.py:363), read by
-  `LLMServerManager` (workers/rollout/llm_server.py:394) to launch the generation servers;
+- `RolloutReplicaRegistry.register(name, loader)` (workers/rollout/replica.py:318), read by
+  `LLMServerManager` (workers/rollout/llm_server.py:393) to launch the generation servers;
 - `_ROLLOUT_REGISTRY[(name, "async")] = "module.Class"` (workers/rollout/base.py:89), read by the actor
   worker (workers/engine_workers.py:667) to build the adapter that hands it the trained weights. verl has
   no register function for this one; it is a module-level dict that `get_rollout_class` reads on each call.
