@@ -31,7 +31,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Generator, Optional
+from collections.abc import Generator
+from typing import Any
 
 import ray
 import torch
@@ -77,12 +78,13 @@ class HFCPUServer:
         gen_cfg = self.model.generation_config
         eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else self.tokenizer.eos_token_id
         self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.eos_ids[0]
 
     # --- generation -------------------------------------------------------------------------------------
 
     def _max_tokens(self, n_prompt: int, sampling_params: dict) -> int:
-        # The same budget rule as vLLMHttpServer.generate (workers/rollout/vllm_rollout/vllm_async_server.py:592)
+        # The budget rule of vLLMHttpServer.generate (workers/rollout/vllm_rollout/vllm_async_server.py:593)
         max_model_len = _cfg(self.config, "max_model_len") or (
             _cfg(self.config, "prompt_length") + _cfg(self.config, "response_length")
         )
@@ -134,8 +136,8 @@ class HFCPUServer:
         prompt_ids: list[int],
         sampling_params: dict[str, Any],
         request_id: str,
-        image_data: Optional[list[Any]] = None,
-        video_data: Optional[list[Any]] = None,
+        image_data: list[Any] | None = None,
+        video_data: list[Any] | None = None,
         **kwargs,
     ):
         assert image_data is None and video_data is None, "hf_cpu rollout: text only"
@@ -157,7 +159,7 @@ class HFCPUServer:
 
     # --- weights ----------------------------------------------------------------------------------------
 
-    async def load_weights(self, state: dict[str, torch.Tensor], global_steps: Optional[int] = None) -> dict:
+    async def load_weights(self, state: dict[str, torch.Tensor], global_steps: int | None = None) -> dict:
         def run():
             with self._lock:
                 own = self.model.state_dict()
@@ -175,7 +177,12 @@ class HFCPUServer:
         self.weight_version += 1
         if global_steps is not None:
             self.global_steps = global_steps
-        return {"loaded": len(state), "missing": missing, "weight_version": self.weight_version, "max_change": change}
+        return {
+            "loaded": len(state),
+            "missing": missing,
+            "weight_version": self.weight_version,
+            "max_change": change,
+        }
 
     async def set_global_steps(self, global_steps: int):
         self.global_steps = global_steps
@@ -273,7 +280,7 @@ class HFCPURollout(BaseRollout):
         self,
         weights: Generator[tuple[str, torch.Tensor], None, None],
         wire_format: str = "named_tensors",
-        global_steps: Optional[int] = None,
+        global_steps: int | None = None,
         **kwargs,
     ):
         assert wire_format == "named_tensors", f"hf_cpu rollout: wire_format {wire_format!r} not supported"
@@ -289,8 +296,8 @@ class HFCPURollout(BaseRollout):
             logger.warning("hf_cpu rollout: the trainer sent no value for %s", info["missing"][:5])
         print(
             f"hf_cpu rollout: replica {self.replica_rank} took {info['loaded']} tensors "
-            f"(weight version {info['weight_version']}, step {global_steps}, max |change| {info['max_change']:.3g}) "
-            f"in {time.time() - start:.2f}s"
+            f"(weight version {info['weight_version']}, step {global_steps}, "
+            f"max |change| {info['max_change']:.3g}) in {time.time() - start:.2f}s"
         )
 
 

@@ -1,4 +1,4 @@
-"""verl's sync replay buffer, polling every 50 ms instead of every 2 s (the verl-on-CPU experiment, README.md).
+"""verl's sync replay buffer, polling every 50 ms instead of every 2 s (verl-on-CPU experiment, README.md).
 
 In the V1 sync trainer the "gen" phase is `ReplayBuffer.sample`, which sleeps `poll_interval` (2.0 s, not in
 the config: trainer/ppo/v1/replay_buffer.py:144, slept at :409) between checks for finished rollouts. On the
