@@ -1,8 +1,8 @@
 """A CPU platform for verl 0.9.1, registered from outside verl through its own plugin API (issue 48).
 
-An experiment, not a feature: with it `python -m verl.trainer.main_ppo` builds the FSDP2 actor on CPU with
-gloo, then stops at the rollout (verl 0.9.1 registers only vLLM, SGLang and TRT-LLM servers). README.md
-beside this file has the chain of blockers and what is left.
+An experiment, not a feature: with it and hf_cpu_rollout.py (imported at the bottom of this file),
+`python -m verl.trainer.main_ppo` runs GRPO steps on CPU: the FSDP2 actor on gloo, generation by Hugging Face
+`generate` in a Ray actor. README.md beside this file has the chain of blockers and what gets past each.
 
 Load with VERL_USE_EXTERNAL_MODULES=cpu_platform (this folder on PYTHONPATH) and VERL_PLATFORM=cpu:
 verl/__init__.py:49-52 imports the modules named there in every process that imports verl (Ray's too).
@@ -44,10 +44,22 @@ class _CPUDeviceModule(ModuleType):
         vm = psutil.virtual_memory()
         return vm.available, vm.total
 
+    # CPU has no device allocator to ask. So that verl's perf/max_memory_* metrics (engine_workers.py:219,
+    # profiler/performance.py:49) mean something, they report this process's resident memory: current RSS for
+    # memory_allocated/reserved, peak RSS (getrusage, not resettable) for max_memory_allocated/reserved.
     def memory_allocated(self, *a, **k):
-        return 0
+        import psutil
 
-    memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
+        return psutil.Process().memory_info().rss
+
+    memory_reserved = memory_allocated
+
+    def max_memory_allocated(self, *a, **k):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+
+    max_memory_reserved = max_memory_allocated
 
     def reset_peak_memory_stats(self, *a, **k):
         return None
@@ -175,3 +187,8 @@ def _init_process_group(*args, **kwargs):
 
 
 torch.distributed.init_process_group = _init_process_group
+
+
+# --- the rollout: verl 0.9.1 has none that runs on CPU. hf_cpu_rollout registers one named "hf_cpu" in verl's
+# rollout registries; imported here, after the platform above is registered, so one env var loads both.
+import hf_cpu_rollout  # noqa: E402,F401
