@@ -53,7 +53,7 @@ def test_a_verl_probe_reads_the_steps_after_the_warm_up():
     assert code == 0 and result["status"] == "ok", result
     assert result["environment"]["engine"] == "verl" and result["environment"]["steps_seen"] == 3
     assert result["samples_per_sec"] > 0 and set(result["phase_seconds"]) >= {"rollout", "scoring", "update"}
-    assert result["peak_memory_source"] == "verl-allocator" and result["peak_memory_bytes"] > 0
+    assert result["peak_memory_source"] == "verl-actor-rss" and result["peak_memory_bytes"] > 0  # on CPU
     assert result["environment"]["load"]["load_1m_start"] is not None  # the conditions, as the built-in's
 
 

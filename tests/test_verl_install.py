@@ -15,7 +15,15 @@ from autotune.probe.verl.install import check_verl_python, missing_pieces
 from tests.conftest import REPO, run_cli
 
 STAND_IN = REPO / "tests" / "fake_verl"
-PIECES = ("transfer_queue", "TransferQueue-0.1.10.dist-info", "vllm-0.24.0.dist-info", "orjson.py")
+PIECES = (
+    "transfer_queue",
+    "TransferQueue-0.1.10.dist-info",
+    "vllm-0.24.0.dist-info",
+    "orjson.py",
+    "cachetools.py",
+    "fastapi.py",
+    "uvicorn.py",
+)
 ALL_THERE = {
     "transfer_queue": {"error": None, "version": "0.1.10"},
     "vLLM": {"error": None, "version": "0.24.0"},
@@ -84,6 +92,16 @@ def test_an_environment_without_a_piece_is_one_line(tmp_path, without, vllm, sai
     with pytest.raises(UserError, match="install with") as refused:
         check_verl_python(str(python))
     assert said in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.e2e
+def test_on_cpu_verl_needs_what_its_cpu_rollout_imports_and_no_vllm(tmp_path):
+    """On CPU verl generates with autotune's hf_cpu rollout: vLLM is not needed, the router's imports are."""
+    without_vllm = environment(tmp_path / "a", "vllm-0.24.0.dist-info")
+    assert check_verl_python(str(without_vllm), "cpu") == "0.9.1"
+    with pytest.raises(UserError, match="on CPU needs cachetools, which") as refused:
+        check_verl_python(str(environment(tmp_path / "b", "cachetools.py")), "cpu")
+    assert "cachetools fastapi uvicorn" in str(refused.value)  # how to install them
 
 
 @pytest.mark.e2e

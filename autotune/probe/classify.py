@@ -13,7 +13,7 @@ from typing import Any
 from autotune.status import Status
 from autotune.units import GIB
 
-__all__ = ["classify", "describe_exit"]
+__all__ = ["classify", "describe_exit", "over_emulated_budget"]
 
 
 def describe_exit(code: int | None) -> str:
@@ -56,16 +56,20 @@ def classify(
     for rank, result in enumerate(rank_results):
         if not result or result.get("status") != Status.OK:
             return Status.CRASHED, None, f"rank {rank}: exited 0 without a readable result"
-    if budget_bytes is not None and peak_bytes > budget_bytes and device != "cuda":
-        # On CUDA the budget is enforced by the allocator (a per-process memory fraction): only a real
-        # OOM counts there. On CPU each rank's watch stops it past the budget (probe/rank/memory_wall.py); a
-        # peak that passed it after the watch's last look, or where no watch ran, is caught here.
-        return (
-            Status.OOM,
-            "emulated",
-            (
-                f"peak {peak_bytes / GIB:.3f} GiB is above the emulated budget {budget_bytes / GIB:.3f} GiB "
-                "(peak RSS compared after the rounds; no allocator enforced it)"
-            ),
-        )
-    return Status.OK, None, ""
+    return over_emulated_budget(peak_bytes, budget_bytes, device) or (Status.OK, None, "")
+
+
+def over_emulated_budget(
+    peak_bytes: int, budget_bytes: int | None, device: str
+) -> tuple[str, str | None, str] | None:
+    """An `oom` ("emulated") verdict for a run that finished with a peak above the budget off CUDA, else None.
+    On CUDA the budget is enforced by the allocator (a per-process memory fraction): only a real OOM counts
+    there. On CPU nothing enforces it (the built-in ranks' watch stops them past it, but can miss the last
+    moments; a trainer's own run has no watch), so the peak is compared here."""
+    if budget_bytes is None or peak_bytes <= budget_bytes or device == "cuda":
+        return None
+    message = (
+        f"peak {peak_bytes / GIB:.3f} GiB is above the emulated budget {budget_bytes / GIB:.3f} GiB "
+        "(peak RSS compared after the rounds; no allocator enforced it)"
+    )
+    return Status.OOM, "emulated", message

@@ -33,12 +33,14 @@ from typing import Any
 
 from autotune.config.knobs import ProbeConfig, usable_cores
 from autotune.models.names import verl_model_path
+from autotune.probe.classify import over_emulated_budget
 from autotune.probe.conditions import gpu_others, load_average, visible_gpus
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.probe.verl import failures, metrics
 from autotune.probe.verl.dataset import TokenCounter, chat_counter, write_dataset
 from autotune.probe.verl.verl_run import RAY_DIR, VerlRun, verl_run
 from autotune.status import Status
+from autotune.units import GIB
 
 __all__ = ["GpuWatch", "run_verl_probe"]
 
@@ -138,6 +140,7 @@ def run_verl_probe(
             visible_devices=settings.visible_devices,
             nodes=settings.nodes,
             ray_address=settings.ray_address,
+            device=settings.device,
         )
         write_dataset(run.train_path, run.prompts, config.max_prompt_length, _prompt_counter(settings))
         # What others held of the slot's GPUs and the load before the run (other_cores needs the ranks' own
@@ -155,6 +158,14 @@ def run_verl_probe(
     result = _result(config, settings, run, ending, wall, device_peak, log_text, metrics_text)
     result.environment["load"] = load
     return result
+
+
+def _peak_source(device: str, device_peak: int, peak: int) -> str:
+    """Where the peak comes from: NVML's device figure, verl's allocator figure, or on CPU the peak resident
+    memory of verl's actor worker (what the CPU plugin's device module reports to verl's perf metrics)."""
+    if device_peak and device_peak >= peak:
+        return "nvml-device"
+    return "verl-actor-rss" if device == "cpu" else "verl-allocator"
 
 
 def _probe_root() -> str | None:
@@ -284,15 +295,19 @@ def _result(
     figures = metrics.summarise(steps, run.steps, config.train_batch_size, settings.warmup_iterations)
     seen = run.steps - len(figures.missing)
     verdict = failures.classify_run(ending.code, ending.timed_out, seen, run.steps, log_text)
-    status = verdict[0]
     peak = max(device_peak, figures.allocated_peak_bytes or 0, figures.reserved_peak_bytes or 0)
+    budget = int(settings.memory_budget_gib * GIB) if settings.memory_budget_gib else None
+    if verdict[0] == Status.OK:  # on CPU nothing enforced the budget: the peak verl logged is held to it
+        verdict = over_emulated_budget(peak, budget, settings.device) or verdict
+    status = verdict[0]
     result = ProbeResult.classified(
         config,
         settings,
         verdict,
         wall,
+        memory_budget_bytes=budget,
         peak_memory_bytes=peak,
-        peak_memory_source="nvml-device" if device_peak >= peak and device_peak else "verl-allocator",
+        peak_memory_source=_peak_source(settings.device, device_peak, peak),
         environment={
             "engine": "verl",
             "verl_python": settings.engine_python,

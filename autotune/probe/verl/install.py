@@ -9,6 +9,9 @@ verl 0.9.1's V1 trainer (the one its PPO entry point runs, trainer.use_v1: true)
   installed distribution's version as this check does; `verl[vllm]` pins 0.24.0);
 - `orjson`, which the file logger the probe reads imports (verl/utils/tracking.py:29) but no extra declares.
 vLLM is not imported here (seconds, and CUDA libraries); the other two are.
+On `--device cpu` (probe/verl/cpu.py) verl generates with autotune's `hf_cpu` rollout instead of vLLM, and
+imports what vLLM's extra would bring: `cachetools` (workers/rollout/router.py:21), `fastapi` and `uvicorn`
+(workers/rollout/utils.py); those are checked there instead of vLLM (RUNTIME_CPU).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 from autotune.errors import UserError
 from autotune.probe.environment import last_line
 
-__all__ = ["RUNTIME", "VERL_VERSION", "check_verl_python", "missing_pieces"]
+__all__ = ["RUNTIME", "RUNTIME_CPU", "VERL_VERSION", "check_verl_python", "missing_pieces"]
 
 VERL_VERSION = "0.9.1"  # the version autotune's exports and this backend are written and tested against
 INSTALL = f'python3 -m venv /opt/verl && /opt/verl/bin/pip install "verl[vllm]=={VERL_VERSION}" orjson'
@@ -30,6 +33,15 @@ RUNTIME = (
     ("transfer_queue", "transfer_queue", "TransferQueue", "0.1.10"),
     ("vLLM", None, "vllm", "0.18"),
     ("orjson", "orjson", "orjson", None),
+)
+CPU_PIECES = '"transferqueue==0.1.11" cachetools fastapi uvicorn orjson'  # vLLM's place on CPU (RUNTIME_CPU)
+CPU_INSTALL = f'/opt/verl/bin/pip install "verl=={VERL_VERSION}" {CPU_PIECES}'
+RUNTIME_CPU = (
+    RUNTIME[0],
+    ("cachetools", "cachetools", "cachetools", None),
+    ("fastapi", "fastapi", "fastapi", None),
+    ("uvicorn", "uvicorn", "uvicorn", None),
+    RUNTIME[2],
 )
 # Run with the environment's python: verl's version, then per piece its import error and installed version.
 PROBE = """
@@ -60,10 +72,10 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in match.group(0).split(".")) if match else ()
 
 
-def missing_pieces(found: dict[str, dict[str, str | None]]) -> list[str]:
-    """The runtime pieces `found` (PROBE's report per piece) lacks or has too old, as words for a user."""
+def missing_pieces(found: dict[str, dict[str, str | None]], runtime: tuple = RUNTIME) -> list[str]:
+    """The `runtime` pieces `found` (PROBE's report per piece) lacks or has too old, as words for a user."""
     missing = []
-    for name, module, dist, lowest in RUNTIME:
+    for name, module, dist, lowest in runtime:
         piece = found.get(name) or {}
         version = piece.get("version")
         absent = piece.get("error") is not None if module else version is None
@@ -75,9 +87,9 @@ def missing_pieces(found: dict[str, dict[str, str | None]]) -> list[str]:
     return missing
 
 
-def _probe(path: Path, python: str) -> dict:
+def _probe(path: Path, python: str, runtime: tuple) -> dict:
     """What PROBE reports from the environment of `path`; UserError when it cannot run or verl is absent."""
-    argv = ["-c", PROBE, json.dumps(RUNTIME)]
+    argv = ["-c", PROBE, json.dumps(runtime)]
     report = last_line(path, argv, f"--verl-python {python}", "`import verl`", f"install it with {INSTALL}")
     try:
         return json.loads(report or "{}")
@@ -87,9 +99,10 @@ def _probe(path: Path, python: str) -> dict:
         ) from None
 
 
-def check_verl_python(python: str | None) -> str:
+def check_verl_python(python: str | None, device: str = "cuda") -> str:
     """verl's version as the environment reports it; UserError (exit 2) when it cannot run verl's V1
-    trainer: no such python, no verl, or a runtime piece missing (RUNTIME), said in one line."""
+    trainer on `device`: no such python, no verl, or a runtime piece missing (RUNTIME, RUNTIME_CPU), said in
+    one line."""
     if not python:
         raise UserError(
             f"--engine verl needs --verl-python PATH: the python of an environment with verl {VERL_VERSION} "
@@ -100,11 +113,13 @@ def check_verl_python(python: str | None) -> str:
         raise UserError(
             f"--verl-python {python}: not an executable file; give the python of verl's environment"
         )
-    report = _probe(path, python)
-    missing = missing_pieces(report.get("pieces") or {})
+    runtime, install = (RUNTIME_CPU, CPU_INSTALL) if device == "cpu" else (RUNTIME, INSTALL)
+    report = _probe(path, python, runtime)
+    missing = missing_pieces(report.get("pieces") or {}, runtime)
     if missing:
+        where = " on CPU" if device == "cpu" else ""
         raise UserError(
-            f"--verl-python {python}: verl's V1 trainer needs {', '.join(missing)}, which that environment "
-            f"lacks; install with {INSTALL}"
+            f"--verl-python {python}: verl's V1 trainer{where} needs {', '.join(missing)}, which that "
+            f"environment lacks; install with {install}"
         )
     return str(report.get("verl") or "unknown")

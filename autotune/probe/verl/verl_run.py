@@ -42,12 +42,14 @@ The environment: `RAY_DEDUP_LOGS=0` and `RAY_COLOR_PREFIX=0` (every worker's lin
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.config.knobs import ProbeConfig
 from autotune.formats.rollout import rollout_engine
 from autotune.formats.verl import format_value, verl_overrides
+from autotune.probe.verl.cpu import cpu_environment, cpu_overrides
 
 __all__ = ["RAY_DIR", "VerlRun", "short_run_overrides", "verl_run"]
 
@@ -117,14 +119,17 @@ def verl_run(
     visible_devices: str | None = None,
     nodes: int = 1,
     ray_address: str | None = None,
+    device: str = "cuda",
 ) -> VerlRun:
     """The command of one verl probe: the export for `config` on `world_size` GPUs (ValueError when the
     configuration breaks a rule), the rollout engine sized by the export's rules for a card of `card_bytes`
     with `resident_bytes` of training states, and the short-run settings; on a Ray cluster (`ray_address`)
-    `world_size` GPUs over `nodes` nodes."""
+    `world_size` GPUs over `nodes` nodes; on `device` "cpu" through autotune's CPU plugin (verl/cpu.py)."""
     engine = rollout_engine(config, world_size, rollout_name, card_bytes, resident_bytes, model_parameters)
     values = dict(verl_overrides(config, world_size, model_path, engine, nodes=nodes).values)
     values.update(short_run_overrides(steps, run_dir, ray_address))
+    if device == "cpu":
+        values.update(cpu_overrides(world_size))
     argv = [
         verl_python,
         "-m",
@@ -135,6 +140,8 @@ def verl_run(
     env["VERL_FILE_LOGGER_PATH"] = str(run_dir / METRICS_FILE)  # also the driver's, for Ray's own copy
     if visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices
+    if device == "cpu":
+        env.update(cpu_environment(os.environ.get("PYTHONPATH")))
     prompts = config.train_batch_size // config.rollout_n  # data.train_batch_size: one step's prompts
     return VerlRun(
         argv=argv,

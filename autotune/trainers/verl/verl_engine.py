@@ -29,7 +29,7 @@ class VerlEngine(ProbeEngine):
     def check_environment(self, settings: ProbeSettings) -> str | None:
         from autotune.probe.verl.install import check_verl_python
 
-        return check_verl_python(settings.engine_python)
+        return check_verl_python(settings.engine_python, settings.device)
 
     def announce(self, settings: ProbeSettings, console: Console) -> None:
         from autotune.probe.verl.install import VERL_VERSION
@@ -47,10 +47,11 @@ class VerlEngine(ProbeEngine):
             console.print(
                 f"[yellow]autotune's verl export is written for verl {VERL_VERSION}, not {version}[/yellow]"
             )
-        if settings.device != "cuda":
+        if settings.device == "cpu":
             console.print(
-                "[yellow]verl runs PPO on GPUs only: on this CPU machine only a stand-in verl can "
-                "run[/yellow]"
+                "[yellow]on CPU verl runs through autotune's CPU plugin: its FSDP actor on gloo, and Hugging "
+                "Face generate for the rollout instead of vLLM, so generation's speed and pool are not a GPU "
+                "job's[/yellow]"
             )
 
     def run(

@@ -1,8 +1,9 @@
 """A CPU platform for verl 0.9.1, registered from outside verl through its own plugin API (issue 48).
 
-An experiment, not a feature: with it and hf_cpu_rollout.py (imported at the bottom of this file),
-`python -m verl.trainer.main_ppo` runs GRPO steps on CPU: the FSDP2 actor on gloo, generation by Hugging Face
-`generate` in a Ray actor. README.md beside this file has the chain of blockers and what gets past each.
+With it and hf_cpu_rollout.py (imported at the bottom of this file), `python -m verl.trainer.main_ppo` runs
+GRPO steps on CPU: the FSDP2 actor on gloo, generation by Hugging Face `generate` in a Ray actor. autotune's
+verl probe loads it on `--device cpu` (autotune/probe/verl/cpu.py); docs/verl-cpu.md has the chain of
+blockers and what gets past each. verl is not patched; torch is, twice, below, each with its reason.
 
 Load with VERL_USE_EXTERNAL_MODULES=cpu_platform (this folder on PYTHONPATH) and VERL_PLATFORM=cpu:
 verl/__init__.py:49-52 imports the modules named there in every process that imports verl (Ray's too).
@@ -187,6 +188,23 @@ def _init_process_group(*args, **kwargs):
 
 
 torch.distributed.init_process_group = _init_process_group
+
+
+# --- workaround 2: FSDP2's CPUOffloadPolicy, which verl gives every forward-only engine (the reference) and an
+# engine with offload_policy on, hard-coded as CPUOffloadPolicy(pin_memory=True)
+# (workers/engine/fsdp/transformer_impl.py:462), pins each shard (torch/distributed/fsdp/_fully_shard/
+# _fsdp_param.py:315); pinning page-locks host memory for copies to an accelerator, and torch refuses it
+# where there is none. With no accelerator the tensor stays as it is: there is nothing to copy it to.
+_orig_pin_memory = torch.Tensor.pin_memory
+
+
+def _pin_memory(self, *args, **kwargs):
+    if not torch.accelerator.is_available():
+        return self
+    return _orig_pin_memory(self, *args, **kwargs)
+
+
+torch.Tensor.pin_memory = _pin_memory
 
 
 # --- the rollout: verl 0.9.1 has none that runs on CPU. hf_cpu_rollout registers one named "hf_cpu" in verl's

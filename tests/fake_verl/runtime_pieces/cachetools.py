@@ -1,0 +1,1 @@
+"""A stand-in for cachetools: only importable (the CPU runtime check imports it)."""
