@@ -190,8 +190,8 @@ def _init_process_group(*args, **kwargs):
 torch.distributed.init_process_group = _init_process_group
 
 
-# --- workaround 2: FSDP2's CPUOffloadPolicy, which verl gives every forward-only engine (the reference) and an
-# engine with offload_policy on, hard-coded as CPUOffloadPolicy(pin_memory=True)
+# --- workaround 2: FSDP2's CPUOffloadPolicy, which verl gives every forward-only engine (the reference) and
+# an engine with offload_policy on, hard-coded as CPUOffloadPolicy(pin_memory=True)
 # (workers/engine/fsdp/transformer_impl.py:462), pins each shard (torch/distributed/fsdp/_fully_shard/
 # _fsdp_param.py:315); pinning page-locks host memory for copies to an accelerator, and torch refuses it
 # where there is none. With no accelerator the tensor stays as it is: there is nothing to copy it to.
