@@ -5,6 +5,7 @@ inside a probe rank (docs/design.md, "The process boundary")."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -141,3 +142,15 @@ def test_each_package_lists_its_modules():
         if listed - {"COMMANDS"} != modules:
             drifted[module_name(init)] = sorted(listed ^ modules)
     assert drifted == {}, f"__all__ differs from the package's modules: {drifted}"
+
+
+def test_optunas_private_storage_api_is_used_in_one_module():
+    """Optuna has no public call for a trial's id, a heartbeat now, or a write by id: study/optuna_private.py
+    says why and is the one place that reaches in."""
+    private = re.compile(r"\._(trial_id|storage|study_id)\b")
+    found = sorted(
+        str(path.relative_to(PACKAGE.parent))
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "optuna_private.py" and private.search(path.read_text())
+    )
+    assert found == [], f"Optuna's private storage API outside study/optuna_private.py: {found}"

@@ -27,6 +27,7 @@ from autotune.space.model import SearchSpace, sample_config
 from autotune.status import Attr, Status
 from autotune.study import outage
 from autotune.study.coordination import Claims, heartbeat, wait_for_twin
+from autotune.study.optuna_private import trial_id
 from autotune.study.outcome import Outcome, outcome_from_dict, outcome_from_result, record_outcome
 from autotune.study.storage import PATIENCE_SECONDS, retrying
 from autotune.study.trials import finished_trials
@@ -88,7 +89,7 @@ class Tuner:
     def _settle(
         self, trial: optuna.Trial, config: ProbeConfig, cancel, settings: ProbeSettings | None
     ) -> FrozenTrial:
-        with heartbeat(self.study, trial._trial_id):
+        with heartbeat(self.study, trial_id(trial)):
             saved = trial.user_attrs.get(
                 Attr.SAVED_OUTCOME
             )  # a measurement the storage could not take before

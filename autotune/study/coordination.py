@@ -20,13 +20,20 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.knobs import ProbeConfig, job_of, same_job
 from autotune.status import Attr, Status
+from autotune.study.optuna_private import (
+    heartbeat_interval,
+    record_heartbeat,
+    storage_of,
+    trial_id,
+    trial_id_of,
+)
 from autotune.study.storage import GRACE_SECONDS
 
 __all__ = [
@@ -83,7 +90,7 @@ class Claims:
             return None
         trial = self.study.ask()
         self.abandoned.add(trial.number)  # until claimed: a storage error below leaves it to be failed
-        beat_now(self.study, trial._trial_id)  # a heartbeat row from the start, so Optuna's sweep sees it
+        beat_now(self.study, trial_id(trial))  # a heartbeat row from the start, so Optuna's sweep sees it
         for key, value in claim_attrs().items():
             trial.set_user_attr(key, value)
         config = self.sample(trial)
@@ -97,10 +104,7 @@ class Claims:
 
     def fail_abandoned(self) -> None:
         for number in sorted(self.abandoned):
-            trial_id = self.study._storage.get_trial_id_from_study_id_trial_number(
-                self.study._study_id, number
-            )
-            fail_trial(self.study, trial_id, Status.ABANDONED)
+            fail_trial(self.study, trial_id_of(self.study, number), Status.ABANDONED)
             self.abandoned.discard(number)
 
     def live_trials(self) -> list[FrozenTrial]:
@@ -219,7 +223,7 @@ def recover_stale_trials(study: optuna.Study, grace_seconds: float = GRACE_SECON
         claimed_here = attrs.get(Attr.HOST) == host and Attr.TUNER_PID in attrs
         dead_here = claimed_here and not _tuner_alive(attrs)
         if (dead_here or _orphaned(trial, now, grace_seconds)) and fail_trial(
-            study, trial._trial_id, Status.INTERRUPTED
+            study, trial_id(trial), Status.INTERRUPTED
         ):
             _requeue_once(study, trial)
             recovered.append(trial.number)
@@ -238,8 +242,8 @@ def recover_stale_trials(study: optuna.Study, grace_seconds: float = GRACE_SECON
 def fail_trial(study: optuna.Study, trial_id: int, status: str) -> bool:
     """Mark a running trial FAIL with `status`; False when another worker finished it first."""
     try:
-        study._storage.set_trial_user_attr(trial_id, Attr.STATUS, status)
-        study._storage.set_trial_state_values(trial_id, TrialState.FAIL)
+        storage_of(study).set_trial_user_attr(trial_id, Attr.STATUS, status)
+        storage_of(study).set_trial_state_values(trial_id, TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
     return True
@@ -248,21 +252,9 @@ def fail_trial(study: optuna.Study, trial_id: int, status: str) -> bool:
 # --- heartbeats --------------------------------------------------------------------------------------------
 
 
-class _HeartbeatStorage(Protocol):
-    """A storage that keeps heartbeats (optuna's private BaseHeartbeat: the storages with an interval)."""
-
-    def record_heartbeat(self, trial_id: int) -> None: ...
-
-
-def heartbeat_interval(study: optuna.Study) -> int | None:
-    """Seconds between heartbeats; None for storages without them (only database storages have them)."""
-    interval_of = getattr(study._storage, "get_heartbeat_interval", None)
-    return interval_of() if interval_of else None
-
-
 def beat_now(study: optuna.Study, trial_id: int) -> None:
     if heartbeat_interval(study):
-        cast(_HeartbeatStorage, study._storage).record_heartbeat(trial_id)
+        record_heartbeat(study, trial_id)
 
 
 @contextlib.contextmanager
@@ -272,13 +264,12 @@ def heartbeat(study: optuna.Study, trial_id: int) -> Iterator[None]:
     if not interval:
         yield
         return
-    storage = cast(_HeartbeatStorage, study._storage)  # it has an interval: it keeps heartbeats
     stop = threading.Event()
 
     def beat() -> None:
         while True:
             with contextlib.suppress(Exception):  # an outage: the record path reports it, not this thread
-                storage.record_heartbeat(trial_id)
+                record_heartbeat(study, trial_id)
             if stop.wait(interval):
                 return
 

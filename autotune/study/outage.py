@@ -26,6 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import Unavailable
 from autotune.status import Attr
+from autotune.study.optuna_private import storage_of, trial_id, trial_id_of
 from autotune.study.outcome import Outcome, outcome_from_dict, outcome_to_dict
 
 __all__ = [
@@ -60,7 +61,7 @@ def record_or_keep(
     except optuna.exceptions.UpdateFinishedTrialError:
         # A sweep failed it meanwhile (its heartbeat went quiet), or our own tell went through but its
         # answer was lost: keep what was recorded, else bring the measurement back as a new trial.
-        frozen = study._storage.get_trial(trial._trial_id)
+        frozen = storage_of(study).get_trial(trial_id(trial))
         if frozen.state != TrialState.COMPLETE:
             requeue_with_outcome(study, trial.params, trial.number, outcome)
         return frozen
@@ -173,14 +174,14 @@ def _entry(line: str) -> tuple[int, dict[str, Any], Outcome] | None:
 def _replay_one(
     study: optuna.Study, number: int, params: dict[str, Any], outcome: Outcome, record: Record
 ) -> None:
-    storage = study._storage
+    storage = storage_of(study)
     try:
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+        stored_id = trial_id_of(study, number)
     except KeyError:  # the study was replaced (its file deleted): the measurement becomes a new trial
         requeue_with_outcome(study, params, number, outcome)
         return
-    state = storage.get_trial(trial_id).state
+    state = storage.get_trial(stored_id).state
     if state == TrialState.RUNNING:
-        record(optuna.Trial(study, trial_id), outcome)
+        record(optuna.Trial(study, stored_id), outcome)
     elif state != TrialState.COMPLETE:
         requeue_with_outcome(study, params, number, outcome)

@@ -25,6 +25,7 @@ from autotune.memory.budget import Budget
 from autotune.probe.contract import ProbeResult
 from autotune.status import FAILED, Attr, Status
 from autotune.study.coordination import retry_once
+from autotune.study.optuna_private import storage_of, trial_id
 
 __all__ = ["Outcome", "outcome_from_dict", "outcome_from_result", "outcome_to_dict", "record_outcome"]
 
@@ -103,7 +104,7 @@ def record_outcome(study: optuna.Study, trial: optuna.Trial, outcome: Outcome, b
     else:
         _set_constraints(study, trial, outcome, budget)
         study.tell(trial, [outcome.samples_per_sec, float(outcome.peak_bytes)])
-    return study._storage.get_trial(trial._trial_id)
+    return storage_of(study).get_trial(trial_id(trial))
 
 
 def _tried_again(outcome: Outcome) -> bool:
@@ -123,8 +124,8 @@ def _set_constraints(study: optuna.Study, trial: optuna.Trial, outcome: Outcome,
     }
     for name, value in constraints.items():
         trial.set_constraint(name, value)
-    study._storage.set_trial_system_attr(
-        trial._trial_id, DASHBOARD_CONSTRAINTS_KEY, list(constraints.values())
+    storage_of(study).set_trial_system_attr(
+        trial_id(trial), DASHBOARD_CONSTRAINTS_KEY, list(constraints.values())
     )
 
 
