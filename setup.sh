@@ -4,7 +4,8 @@
 #                     PyPI's CUDA build on GPU machines; an already installed torch is kept)
 #   ./setup.sh test   also what the tests need (then ./check.sh runs them): pytest, ruff, mypy, psycopg2,
 #                     hypothesis; verl 0.9.1
-#                     with its dependencies in its own environment .venv-verl (never imported by autotune).
+#                     with its dependencies in its own environment .venv-verl (never imported by autotune),
+#                     with what verl needs to run on CPU (the tests run verl itself there).
 #                     As root with apt-get: Debian's chromium for the report's browser test, and Debian's
 #                     postgresql for the PostgreSQL tests: its own cluster "autotune" on 127.0.0.1 only,
 #                     started with pg_ctlcluster (no systemd needed), a role "autotune" and a database
@@ -50,9 +51,14 @@ PY
 verl_lane() { # verl 0.9.1 with its own dependencies, in its own environment: the tests compose autotune's
   # exports with its Hydra config and run its validate_config; autotune never imports it.
   [ -x .venv-verl/bin/python ] || "$PYTHON" -m venv .venv-verl
-  .venv-verl/bin/python -c "import verl" 2>/dev/null && return 0
+  .venv-verl/bin/python -c "import verl, transfer_queue, cachetools, fastapi, uvicorn" 2>/dev/null && return 0
   say "installing verl 0.9.1 and its dependencies into .venv-verl (the exports' referee; about a minute)"
   pip_into .venv-verl --no-compile "torch==2.13.0" "verl==0.9.1" orjson
+  # What verl's V1 trainer imports on CPU (autotune/probe/verl/install.py RUNTIME_CPU): part of verl's
+  # `verl-core` extra, whose other packages (CUDA builds among them) verl on CPU does not need; their own
+  # dependencies are verl's already, so pinned and without resolving.
+  pip_into .venv-verl --no-compile --no-deps "transferqueue==0.1.11" "pyzmq==27.3.0" "msgspec==0.23.0" \
+    "cachetools==8.0.3" "fastapi==0.165.0" "starlette==1.10.0" "uvicorn==0.55.0"
   compile_imports .venv-verl verl.trainer.main_ppo verl.workers.config verl.utils.config \
     verl.workers.engine.fsdp.transformer_impl verl.trainer.ppo.core_algos verl.single_controller.ray.base \
     verl.workers.rollout.replica verl.utils.dataset.rl_dataset verl.utils.torch_functional hydra ray

@@ -1,9 +1,11 @@
-"""Write a local Hugging Face model folder (config.json and a tokenizer, no weights) for a registry name.
+"""Write a local Hugging Face model folder (config.json and a tokenizer; random weights with --weights) for a
+registry name.
 
 verl reads a model's configuration and tokenizer from a path before it starts (its validate_config builds
 its model config from `model.path`); autotune's test models have no hub id, so this gives them a folder:
 
     .venv/bin/python tools/model_dir.py tiny-llama /tmp/tiny-llama
+    .venv/bin/python tools/model_dir.py tiny-llama /tmp/tiny-llama --weights   # one verl can train (on CPU)
 
 The tokenizer is the registry's (autotune's offline BPE for registry names).
 """
@@ -18,10 +20,19 @@ from autotune.models.catalog import resolve_model
 from autotune.models.tokenizer import load_tokenizer
 
 
-def write_model_dir(name: str, out: Path) -> Path:
+def write_model_dir(name: str, out: Path, weights: bool = False) -> Path:
+    """The folder; with `weights`, random float32 weights (seed 0) beside the config."""
     spec = resolve_model(name)
-    spec.config.save_pretrained(out)
     load_tokenizer(spec).save_pretrained(out)
+    if not weights:
+        spec.config.save_pretrained(out)
+        return out
+    import torch
+
+    from autotune.models.catalog import build_causal_lm
+
+    torch.manual_seed(0)
+    build_causal_lm(spec, torch.float32).save_pretrained(out)
     return out
 
 
@@ -31,8 +42,9 @@ def main() -> int:
     )
     parser.add_argument("name", help="a registry name (autotune models)")
     parser.add_argument("out", type=Path, help="the folder to write")
+    parser.add_argument("--weights", action="store_true", help="also random weights (seed 0)")
     args = parser.parse_args()
-    print(write_model_dir(args.name, args.out))
+    print(write_model_dir(args.name, args.out, args.weights))
     return 0
 
 

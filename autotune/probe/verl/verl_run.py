@@ -51,7 +51,7 @@ from autotune.formats.rollout import rollout_engine
 from autotune.formats.verl import format_value, verl_overrides
 from autotune.probe.verl.cpu import cpu_environment, cpu_overrides
 
-__all__ = ["RAY_DIR", "VerlRun", "short_run_overrides", "verl_run"]
+__all__ = ["METRICS_FILE", "RAY_DIR", "TRAIN_FILE", "VerlRun", "short_run_overrides", "verl_run"]
 
 METRICS_FILE = "metrics.jsonl"
 TRAIN_FILE = "train.parquet"
