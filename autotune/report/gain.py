@@ -29,6 +29,7 @@ from autotune.report import pick
 from autotune.status import Attr, StudyAttr
 from autotune.study.plan import study_trainer
 from autotune.study.trials import config_key, measured_ok, trial_config, trial_config_of
+from autotune.trainers.base import Trainer
 
 __all__ = [
     "ROUNDS",
@@ -42,8 +43,8 @@ __all__ = [
     "headline",
     "sides",
     "spread",
-    "verl_side_key",
-    "with_verl_knobs",
+    "trainer_side_key",
+    "with_trainer_knobs",
 ]
 
 ROUNDS = 2  # each side probed twice: one slow stretch of the machine cannot fall on one side only
@@ -63,8 +64,9 @@ def hand_made_rivals(trials: list[FrozenTrial], winner: FrozenTrial) -> list[Fro
     return list(found.values())
 
 
-def verl_side_key(seed: int) -> str:
-    """The measurements' key of a hand-made config run with the pick's verl knobs (see `sides`)."""
+def trainer_side_key(seed: int) -> str:
+    """The measurements' key of a hand-made config run with the pick's trainer knobs (see `sides`); stored
+    as `<seed>:verl` whatever the trainer, as studies have always stored it."""
     return f"{seed}:verl"
 
 
@@ -77,28 +79,29 @@ class Side:
     label: str
 
 
-def with_verl_knobs(hand_made: ProbeConfig, winner: ProbeConfig, unread: tuple[str, ...]) -> ProbeConfig:
+def with_trainer_knobs(hand_made: ProbeConfig, winner: ProbeConfig, unread: tuple[str, ...]) -> ProbeConfig:
     """The recommended configuration with the hand-made one's values of the knobs the trainer does not read
     (`unread`; verl's: the rollout batch): in the trainer, the same job as the recommended one; in the
     probe, the hand-made config with only the trainer's knobs changed to the pick's."""
     return dataclasses.replace(winner, **{name: getattr(hand_made, name) for name in unread})
 
 
-def sides(winner: FrozenTrial, rivals: list[FrozenTrial], unread: tuple[str, ...]) -> list[Side]:
+def sides(winner: FrozenTrial, rivals: list[FrozenTrial], trainer: Trainer) -> list[Side]:
     """What one round probes, in turn: each hand-made config, then (when it differs from the pick in a knob
-    verl does not read) the same with only verl's knobs set to the pick's, then the pick. The second makes
-    the gain verl would see: hand-made -> second is what verl's knobs give, second -> pick what only the
-    probe's own knobs give."""
+    the trainer does not read) the same with only the trainer's knobs set to the pick's, then the pick. The
+    second makes the gain the trainer would see: hand-made -> second is what its knobs give, second -> pick
+    what only the probe's own knobs give."""
+    unread = trainer.unread_knobs()
     pick_config = trial_config_of(winner)
     order = []
     for trial in rivals:
         label = trial.user_attrs.get(Attr.SEED_CONFIG)
         config = trial_config_of(trial)
         order.append(Side(str(trial.number), config, f"#{trial.number} (hand-made '{label}')"))
-        mixed = with_verl_knobs(config, pick_config, unread)
+        mixed = with_trainer_knobs(config, pick_config, unread)
         if config_key(mixed) != config_key(pick_config):
-            mixed_label = f"#{trial.number} with #{winner.number}'s verl knobs"
-            order.append(Side(verl_side_key(trial.number), mixed, mixed_label))
+            mixed_label = f"#{trial.number} with #{winner.number}'s {trainer.label} knobs"
+            order.append(Side(trainer_side_key(trial.number), mixed, mixed_label))
     return [*order, Side(str(winner.number), pick_config, f"#{winner.number} (recommended)")]
 
 
@@ -161,13 +164,13 @@ class Comparison:
     def verl(self, seed: int) -> Spread | None:
         """What verl's knobs give: the hand-made config with the pick's verl knobs (the pick itself when they
         share every other knob) over the hand-made one."""
-        key = verl_side_key(seed)
+        key = trainer_side_key(seed)
         faster = self.speeds(key) if key in self.measurements else self.speeds(self.winner)
         return spread(faster, self.speeds(seed))
 
     def probe_only(self, seed: int) -> Spread | None:
         """What the knobs verl does not read give on top (None when the two share them)."""
-        key = verl_side_key(seed)
+        key = trainer_side_key(seed)
         return spread(self.speeds(self.winner), self.speeds(key)) if key in self.measurements else None
 
     def disturbed(self) -> list[str]:
@@ -209,7 +212,7 @@ def compare(
 ) -> Comparison | None:
     """Probe each side (`sides`) in turn, `rounds` times; store and return the comparison, or None when it
     was stopped before each side had one measurement (nothing half-made is kept)."""
-    order = sides(winner, rivals, study_trainer(study).unread_knobs())
+    order = sides(winner, rivals, study_trainer(study))
     taken: dict[str, list[dict[str, Any]]] = {side.key: [] for side in order}
     for _ in range(rounds):
         for side in order:
