@@ -61,7 +61,7 @@ def measure(config: ProbeConfig) -> dict[str, Any]:
     from autotune.probe.rank.measure import peak_rss_bytes, reset_peak, state_bytes
     from autotune.probe.rank.model_build import build_models
     from autotune.probe.rank.process import return_freed_memory
-    from autotune.probe.rank.trace import _traced_pass, _warm_up
+    from autotune.probe.rank.trace import traced_pass, warm_up
     from autotune.probe.rank.trace_passes import rollout_buffer, training_passes
     from autotune.probe.rank.trace_resident import resident_states
 
@@ -69,7 +69,7 @@ def measure(config: ProbeConfig) -> dict[str, Any]:
     torch.manual_seed(0)
     cpu = torch.device("cpu")
     models = build_models(resolve_model(MODEL), None, config, cpu, 1)
-    _warm_up(models, "cpu")
+    warm_up(models, "cpu")
     resident = resident_states(models, rollout_buffer(config, 1), "cpu", sharded=False)
     lengths = JobLengths()  # every sample at the limits, as the trace's default
     ctx = ppo.StepContext(config, cpu, 1, pad_token_id=0, lengths=lengths)
@@ -89,7 +89,7 @@ def measure(config: ProbeConfig) -> dict[str, Any]:
             hook.remove()
             added[name.replace("update", "backward")] = before_step[0] - start
         added[name] = peak_rss_bytes() - start
-        for peak in _traced_pass(name, model, optimizer, run, resident)[0]:  # the same pass, tracked
+        for peak in traced_pass(name, model, optimizer, run, resident)[0]:  # the same pass, tracked
             tracked[peak.name] = peak.peak - sum(resident.values())
     return {"added": added, "tracked": tracked, "states": state_bytes(models, "cpu")}
 

@@ -21,7 +21,7 @@ from autotune.models.catalog import build_causal_lm, build_critic, resolve_model
 from autotune.probe.rank.measure import state_bytes
 from autotune.probe.rank.model_build import build_models
 from autotune.probe.rank.pass_math import AUTOTUNE
-from autotune.probe.rank.trace import _warm_up, trace_memory
+from autotune.probe.rank.trace import trace_memory, warm_up
 from autotune.probe.traced import MemoryTrace, TraceJob, TraceUnavailable, compare, traced_check
 
 TINY = ProbeConfig(
@@ -56,7 +56,7 @@ def traced(
 def _real_states(spec, config: ProbeConfig) -> dict[str, int]:
     """The CPU probe's models built for real, stepped once: what a probe rank holds between iterations."""
     models = build_models(spec, None, config, torch.device("cpu"), 1)
-    _warm_up(models, "cpu")
+    warm_up(models, "cpu")
     return state_bytes(models, "cpu")
 
 

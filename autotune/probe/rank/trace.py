@@ -51,7 +51,7 @@ from autotune.probe.rank.trace_resident import (
 from autotune.probe.traced import BUILT, PROGRESS_KEY, MathSource, MemoryTrace, PhasePeak, TraceUnavailable
 from autotune.swap import swapped
 
-__all__ = ["LAYOUTS", "main", "trace_memory"]
+__all__ = ["LAYOUTS", "main", "trace_memory", "traced_pass", "warm_up"]
 
 LAYOUTS = ("cuda", "cpu")
 # the tracker's categories (FSDPMemTracker's and MemTracker's names), folded into the report's terms
@@ -157,7 +157,7 @@ def _fsdp_lazy_init(root: FSDPModule) -> None:
     root._get_fsdp_state()._lazy_init()
 
 
-def _warm_up(models: Models, layout: str) -> None:
+def warm_up(models: Models, layout: str) -> None:
     """FSDP's lazy initialisation done, and one optimizer step on zero gradients: Adam's states exist and the
     gradients stay allocated, as after the previous iteration's last step (the steady state a probe
     measures). The GPU layout steps AdamW as torch does on CUDA, all tensors at once (foreach); the host's
@@ -249,7 +249,7 @@ def _heap_frozen() -> Iterator[None]:
             gc.unfreeze()
 
 
-def _traced_pass(
+def traced_pass(
     name: str,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
@@ -303,7 +303,7 @@ def _traced_passes(
         others = [kept for owner, kept in left.items() if owner != id(model)]
         terms = {*resident, *CATEGORIES}
         start = {term: resident.get(term, 0) + sum(k.get(term, 0) for k in others) for term in terms}
-        found, left[id(model)] = _traced_pass(name, model, optimizer, run, start)
+        found, left[id(model)] = traced_pass(name, model, optimizer, run, start)
         peaks += device_side(found, resident) if id(model) in on_host else found
         on_pass(name, time.perf_counter() - started)
     return peaks
@@ -405,7 +405,7 @@ def _traced(
         world_size if config.sharded else 1,  # DDP cannot wrap fake tensors: see the docstring
         precision=layout == "cuda",
     )
-    _warm_up(models, layout)
+    warm_up(models, layout)
     everything = resident_states(models, rollout_buffer(config, world_size), layout, config.sharded)
     trained = trained_states(models)
     resident = on_device(config, everything, trained, None, False)
