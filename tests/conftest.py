@@ -67,7 +67,10 @@ def _no_processes(item: pytest.Item) -> Iterator[None]:
 
 def pytest_collection_modifyitems(config, items):
     """A `cuda` test starts the probe's processes on the GPU: it must be `e2e` too, or the fast tier would run
-    it on a GPU machine (where it does not skip) and the process rule above would fail it."""
+    it on a GPU machine (where it does not skip) and the process rule above would fail it. `first` tests go
+    first (a stable sort): under xdist their file is the first work a worker takes, and the rest of the suite
+    runs beside their waits instead of after them."""
+    items.sort(key=lambda item: item.get_closest_marker("first") is None)
     unmarked = [
         item.nodeid
         for item in items

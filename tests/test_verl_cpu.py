@@ -26,6 +26,8 @@ from tools.model_dir import write_model_dir
 
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.first,  # mostly Ray's and verl's start-up: the suite runs beside it
+    pytest.mark.cores(2),  # verl's 30-odd processes on one pinned core would take half as long again
     pytest.mark.skipif(not VERL_PYTHON.exists(), reason="verl's environment: ./setup.sh test"),
 ]
 # GRPO with a KL loss: the actor, its reference (verl's forward-only engine) and the rollout all run
