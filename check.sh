@@ -21,5 +21,6 @@ step mypy --num-workers "$workers"
 # fixtures are built once); AUTOTUNE_TEST_WORKERS=1 runs it in this process. The 15 slowest tests close every
 # run, so the next slowdown shows where it lands.
 parallel=()
-[ "$workers" -le 1 ] || parallel=(-n "$workers" --dist loadfile)
+# whole files to each worker, in the order tests/conftest.py gives them (a trainer's long waits first)
+[ "$workers" -le 1 ] || parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 step pytest -q "${parallel[@]}" --durations=15 "$@"

@@ -67,10 +67,18 @@ def _no_processes(item: pytest.Item) -> Iterator[None]:
 
 def pytest_collection_modifyitems(config, items):
     """A `cuda` test starts the probe's processes on the GPU: it must be `e2e` too, or the fast tier would run
-    it on a GPU machine (where it does not skip) and the process rule above would fail it. `first` tests go
-    first (a stable sort): under xdist their file is the first work a worker takes, and the rest of the suite
-    runs beside their waits instead of after them."""
-    items.sort(key=lambda item: item.get_closest_marker("first") is None)
+    it on a GPU machine (where it does not skip) and the process rule above would fail it.
+    The order is the files' (`--dist loadfile` hands out whole files in it; check.sh turns xdist's own
+    reordering off): the files with `first` tests, then the others, the most tests first, as xdist orders
+    them. A `first` test mostly waits (a trainer's start-up): first, the rest of the suite runs beside it."""
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    ordered = sorted(
+        files.values(),
+        key=lambda tests: (not any(t.get_closest_marker("first") for t in tests), -len(tests)),
+    )
+    items[:] = [item for tests in ordered for item in tests]
     unmarked = [
         item.nodeid
         for item in items
