@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from autotune.probe.contract import ProbeSettings
 from autotune.probe.verl.backend import _prompt_counter
 from autotune.probe.verl.dataset import (
     FALLBACK_MARGIN,
@@ -115,8 +114,8 @@ def test_a_registry_name_is_looked_up_offline_only(monkeypatch):
         raise OSError("not in the cache")
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
-    assert _prompt_counter(ProbeSettings(model="qwen2.5-0.5b")) is None
-    assert _prompt_counter(ProbeSettings(model="tiny-llama")) is None
+    assert _prompt_counter("qwen2.5-0.5b", False) is None
+    assert _prompt_counter("tiny-llama", False) is None
     assert asked == [("Qwen/Qwen2.5-0.5B", {"local_files_only": True, "trust_remote_code": False})]
 
 
@@ -163,7 +162,7 @@ def test_the_shipped_spaces_prompts_are_distinct_and_exact_after_verls_truncatio
 def test_a_local_models_prompts_are_exact_and_distinct_with_nothing_cut(tmp_path):
     folder = write_model_dir("tiny-llama", tmp_path / "tiny-llama")  # with autotune's ChatML template
     rows, length = 64, 512
-    counter = _prompt_counter(ProbeSettings(model=str(folder)))
+    counter = _prompt_counter(str(folder), False)
     assert counter is not None
     parquet = write_dataset(tmp_path / "train.parquet", rows, length, counter)
     report = verl_check(parquet, folder, length, tmp_path)

@@ -16,24 +16,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from autotune.models.catalog import resolve_model
-from autotune.models.tokenizer import load_tokenizer
+from autotune.models.folder import write_model_folder as write_model_dir
 
-
-def write_model_dir(name: str, out: Path, weights: bool = False) -> Path:
-    """The folder; with `weights`, random float32 weights (seed 0) beside the config."""
-    spec = resolve_model(name)
-    load_tokenizer(spec).save_pretrained(out)
-    if not weights:
-        spec.config.save_pretrained(out)
-        return out
-    import torch
-
-    from autotune.models.catalog import build_causal_lm
-
-    torch.manual_seed(0)
-    build_causal_lm(spec, torch.float32).save_pretrained(out)
-    return out
+__all__ = ["write_model_dir"]
 
 
 def main() -> int:

@@ -124,11 +124,12 @@ def run_verl_probe(
     with tempfile.TemporaryDirectory(prefix="autotune-verl-", dir=_probe_root()) as tmp:
         run_dir = Path(tmp)
         steps = settings.warmup_iterations + settings.iterations
+        model_path = _model_path(settings, run_dir)
         run = verl_run(
             config,
             world_size=settings.world_size,
             steps=steps,
-            model_path=_model_path(settings.model),
+            model_path=model_path,
             run_dir=run_dir,
             verl_python=str(
                 Path(settings.engine_python).expanduser().absolute()
@@ -142,7 +143,8 @@ def run_verl_probe(
             ray_address=settings.ray_address,
             device=settings.device,
         )
-        write_dataset(run.train_path, run.prompts, config.max_prompt_length, _prompt_counter(settings))
+        counter = _prompt_counter(model_path, settings.trust_remote_code)
+        write_dataset(run.train_path, run.prompts, config.max_prompt_length, counter)
         # What others held of the slot's GPUs and the load before the run (other_cores needs the ranks' own
         # CPU time, which verl's Ray workers do not report: None here)
         load: dict[str, Any] = {"other_cores": None, "cores": usable_cores(), "load_1m_start": load_average()}
@@ -175,18 +177,25 @@ def _probe_root() -> str | None:
     return None if room <= RAY_SOCKET_ROOM or not os.access("/tmp", os.W_OK) else "/tmp"
 
 
-def _model_path(model: str) -> str:
-    """A local directory as it is; a registry name as the hub id verl loads (autotune's own test models have
-    none: the stand-in verl of the tests accepts the name)."""
+def _model_path(settings: ProbeSettings, run_dir: Path) -> str:
+    """A local directory as it is; a registry name as the hub id verl loads. autotune's own test models have
+    none: on CPU, where verl trains them, a folder with random weights in the probe's (`--weights random`,
+    as the built-in probe's); on a GPU machine the name (only the stand-in verl of the tests takes it)."""
+    model = settings.model
     if Path(model).expanduser().is_dir():
         return str(Path(model).expanduser().resolve())
-    return verl_model_path(model) or model
+    hub_id = verl_model_path(model)
+    if hub_id is not None or settings.device != "cpu":
+        return hub_id or model
+    from autotune.models.folder import write_model_folder  # torch and transformers: only here
+
+    return str(write_model_folder(model, run_dir / "model", weights=True))
 
 
-def _prompt_counter(settings: ProbeSettings) -> TokenCounter | None:
+def _prompt_counter(model_path: str, trust_remote_code: bool) -> TokenCounter | None:
     """Counts a prompt's tokens as verl renders it, with the model's tokenizer and chat template; None
     without them (the dataset's fallback, see autotune.probe.verl.dataset)."""
-    tokenizer = _tokenizer(settings.model, settings.trust_remote_code)
+    tokenizer = _tokenizer(model_path, trust_remote_code)
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return None  # verl's agent loop cannot render a prompt without a chat template either
     return chat_counter(tokenizer)
