@@ -26,9 +26,17 @@ def write_model_folder(name: str, out: Path, weights: bool = False) -> Path:
         spec.config.save_pretrained(out)
         return out
     import torch
+    from transformers.utils import logging
 
     from autotune.models.catalog import build_causal_lm
 
     torch.manual_seed(0)
-    build_causal_lm(spec, torch.float32).save_pretrained(out)
+    model = build_causal_lm(spec, torch.float32)
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # "Writing model shards" would cut into a run's trial lines
+    try:
+        model.save_pretrained(out)
+    finally:
+        if shown:
+            logging.enable_progress_bar()
     return out
