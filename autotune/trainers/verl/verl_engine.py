@@ -35,10 +35,11 @@ class VerlEngine(ProbeEngine):
         from autotune.probe.verl.install import VERL_VERSION
 
         version = self.check_environment(settings)
+        pool = "" if settings.device == "cpu" else " (it cannot predict vLLM's pool)"  # no vLLM on CPU
         console.print(
             f"probing with verl {version} ({settings.engine_python}): each trial runs python -m "
             f"verl.trainer.main_ppo for the warm-up and measured steps; the memory model prunes only the "
-            f"training side (it cannot predict vLLM's pool)",
+            f"training side{pool}",
             markup=False,
             highlight=False,
             soft_wrap=True,
