@@ -60,6 +60,11 @@ class ProbeSettings:
     placement_timeout: float = 300.0  # how long a probe waits for the cluster to place its ranks
 
     @property
+    def budget_bytes(self) -> int | None:
+        """The memory budget per rank in bytes; None without one."""
+        return int(self.memory_budget_gib * GIB) if self.memory_budget_gib else None
+
+    @property
     def gpus_per_node(self) -> int:
         return self.world_size // self.nodes
 

@@ -18,7 +18,6 @@ from autotune.config.knobs import ProbeConfig, usable_cores
 from autotune.probe.classify import classify
 from autotune.probe.contract import ProbeResult, ProbeSettings
 from autotune.status import Status
-from autotune.units import GIB
 
 # After one rank fails, the others usually hang in a collective: give them this long to exit on their own.
 FAILURE_GRACE_SECONDS = 5.0
@@ -106,7 +105,7 @@ def summarize(
 ) -> ProbeResult:
     """The probe's result from its ranks' files and exit codes (`gone`: ranks whose host went away with
     them, on a Ray cluster; see classify)."""
-    budget = int(settings.memory_budget_gib * GIB) if settings.memory_budget_gib else None
+    budget = settings.budget_bytes
     peaks = [r["peak"] for r in rank_results if r and r.get("peak")]
     peak_bytes = max((p["bytes"] for p in peaks), default=0)
     verdict = classify(exit_codes, rank_results, timed_out, peak_bytes, budget, settings.device, gone)

@@ -40,7 +40,6 @@ from autotune.probe.verl import failures, metrics
 from autotune.probe.verl.dataset import TokenCounter, chat_counter, write_dataset
 from autotune.probe.verl.verl_run import RAY_DIR, VerlRun, verl_run
 from autotune.status import Status
-from autotune.units import GIB
 
 __all__ = ["GpuWatch", "run_verl_probe"]
 
@@ -305,7 +304,7 @@ def _result(
     seen = run.steps - len(figures.missing)
     verdict = failures.classify_run(ending.code, ending.timed_out, seen, run.steps, log_text)
     peak = max(device_peak, figures.allocated_peak_bytes or 0, figures.reserved_peak_bytes or 0)
-    budget = int(settings.memory_budget_gib * GIB) if settings.memory_budget_gib else None
+    budget = settings.budget_bytes
     if verdict[0] == Status.OK:  # on CPU nothing enforced the budget: the peak verl logged is held to it
         verdict = over_emulated_budget(peak, budget, settings.device) or verdict
     status = verdict[0]
