@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.probe.verl.backend import _prompt_counter
+from autotune.probe.contract import ProbeSettings
+from autotune.probe.verl.backend import _model_path, _prompt_counter, _tokenizer_model
 from autotune.probe.verl.dataset import (
     FALLBACK_MARGIN,
     FIRST_WORDS,
@@ -117,6 +118,16 @@ def test_a_registry_name_is_looked_up_offline_only(monkeypatch):
     assert _prompt_counter("qwen2.5-0.5b", False) is None
     assert _prompt_counter("tiny-llama", False) is None
     assert asked == [("Qwen/Qwen2.5-0.5B", {"local_files_only": True, "trust_remote_code": False})]
+
+
+def test_a_probe_reads_a_registry_models_tokenizer_by_its_name_not_the_path_verl_loads(tmp_path):
+    """On a GPU verl loads a registry model by its hub id; the prompts' tokenizer is still looked up by the
+    registry name (the hub id is no registry name). A folder is read as it is."""
+    settings = ProbeSettings(model="qwen2.5-0.5b", device="cuda")
+    model_path = _model_path(settings, tmp_path)
+    assert model_path == "Qwen/Qwen2.5-0.5B"
+    assert _tokenizer_model(model_path, settings) == "qwen2.5-0.5b"
+    assert _tokenizer_model(str(tmp_path), settings) == str(tmp_path)
 
 
 # --- verl's own reading ----------------------------------------------------------------------------------

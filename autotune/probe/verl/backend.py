@@ -142,7 +142,7 @@ def run_verl_probe(
             ray_address=settings.ray_address,
             device=settings.device,
         )
-        counter = _prompt_counter(model_path, settings.trust_remote_code)
+        counter = _prompt_counter(_tokenizer_model(model_path, settings), settings.trust_remote_code)
         write_dataset(run.train_path, run.prompts, config.max_prompt_length, counter)
         # What others held of the slot's GPUs and the load before the run (other_cores needs the ranks' own
         # CPU time, which verl's Ray workers do not report: None here)
@@ -191,10 +191,16 @@ def _model_path(settings: ProbeSettings, run_dir: Path) -> str:
     return str(write_model_folder(model, run_dir / "model", weights=True))
 
 
-def _prompt_counter(model_path: str, trust_remote_code: bool) -> TokenCounter | None:
-    """Counts a prompt's tokens as verl renders it, with the model's tokenizer and chat template; None
-    without them (the dataset's fallback, see autotune.probe.verl.dataset)."""
-    tokenizer = _tokenizer(model_path, trust_remote_code)
+def _tokenizer_model(model_path: str, settings: ProbeSettings) -> str:
+    """What the prompts' tokenizer is read from: the folder verl loads (the user's, or one written for a test
+    model), else the registry name, whose hub id `_tokenizer` looks up in the local cache."""
+    return model_path if Path(model_path).is_dir() else settings.model
+
+
+def _prompt_counter(model: str, trust_remote_code: bool) -> TokenCounter | None:
+    """Counts a prompt's tokens as verl renders it, with the tokenizer and chat template of `model` (a folder,
+    or a registry name); None without them (the dataset's fallback, see autotune.probe.verl.dataset)."""
+    tokenizer = _tokenizer(model, trust_remote_code)
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return None  # verl's agent loop cannot render a prompt without a chat template either
     return chat_counter(tokenizer)
