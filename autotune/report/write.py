@@ -131,9 +131,8 @@ def write_report(
         "report.md": render_markdown(report),
         "report.html": render_html(report),
     }
-    if report.best_config is not None:
-        texts["best_config.yaml"] = best_config_yaml(report)
     if report.export is not None:
+        texts["best_config.yaml"] = best_config_yaml(report)
         texts[report.plan.trainer.export_file] = report.export.text
     written = [name for name in FILES if name in texts] + [SUMMARY_FILE]
     texts[SUMMARY_FILE] = json.dumps(summary(report, out_dir, written, run), indent=2) + "\n"

@@ -8,7 +8,6 @@ the engine it ran, so no rule sizes it.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import replace
 
 from autotune.errors import UserError
@@ -84,7 +83,7 @@ def sized_rollout(job: ExportJob) -> RolloutEngine:
     if job.rollout_measured:  # exactly the engine the verl probe ran, sized by no rule
         engine = rollout_engine(job.config, job.gpus, job.rollout_name, None, None, *heads)
         notes = tuple(note for note in engine.notes if "no card was known" not in note)
-        return dataclasses.replace(engine, notes=(*notes, PROBED_BY_VERL))
+        return replace(engine, notes=(*notes, PROBED_BY_VERL))
     states = job.resident_bytes
     if states is None:
         states = modelled_resident_bytes(job)
