@@ -428,7 +428,8 @@ def rollout_card_bytes(
 ) -> float | None:
     """On CUDA, the card vLLM's share is a fraction of (`card_bytes`: a Ray cluster's, read on its node):
     --engine verl's pool, or TRL's colocated one (--engine trl --target trl). None for the built-in probe (no
-    pool) and on CPU, where only a stand-in verl runs, TRL runs no vLLM and nothing measures a pool."""
+    pool) and on CPU, where verl generates with its hf_cpu rollout, TRL runs no vLLM and nothing measures a
+    pool."""
     if not engine.pools_rollout(trainer) or device != "cuda":
         return None
     if card_bytes:
